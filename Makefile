@@ -1,0 +1,44 @@
+# Two commands matter: `make run` (install what is missing, build the models, serve) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install models lint typecheck pytest openapi bench clean
+
+run: models
+	$(PY) -m gateway dev
+
+test: install lint typecheck pytest
+
+install: $(STAMP)
+
+# torch==2.13.0 is pinned in pyproject.toml: a CPU build of it lies on these machines' disk, while
+# any other release would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 10), (3, 11)), "Python 3.10 or 3.11 is needed"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+models: install
+	$(PY) -m build_models
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+pytest: install
+	$(PY) -m pytest -ra
+
+openapi: install
+	$(PY) -m gateway openapi > docs/openapi.json
+
+clean:
+	rm -rf .work model_repository/build-manifest.json
+	find model_repository -path '*/[0-9]*/*' ! -name model.py ! -name .gitkeep -delete

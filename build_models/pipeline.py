@@ -1,0 +1,103 @@
+"""The whole pipeline in-process (tokenizer -> TorchScript -> Treelite), from the built artifacts.
+
+It is the reference the tests hold Triton to, the raw-throughput yardstick of the benchmarks and
+the engine of the naive baseline server. Tokenization and padding come from the preprocess
+model's own module, so the reference cannot drift from what Triton runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from functools import cache, cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
+PAD_TO_MULTIPLE_OF = 16
+
+
+@cache
+def preprocess_module(repository: Path = DEFAULT_REPOSITORY) -> ModuleType:
+    """Import ``preprocess/1/model.py`` of ``repository`` as a plain module."""
+    path = repository / "preprocess" / "1" / "model.py"
+    spec = importlib.util.spec_from_file_location("textscore_preprocess_model", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def artifact_paths(repository: Path) -> dict[str, Path]:
+    """Where the builder writes each artifact inside a model repository."""
+    return {
+        "tokenizer": repository / "preprocess" / "1" / "tokenizer.json",
+        "encoder": repository / "bert" / "1" / "model.pt",
+        "forest": repository / "forest" / "1" / "checkpoint.tl",
+    }
+
+
+class ReferencePipeline:
+    """Tokenize, encode and score texts in this process, exactly as the Triton ensemble does."""
+
+    def __init__(self, repository: Path = DEFAULT_REPOSITORY, torch_threads: int | None = None) -> None:
+        import torch
+        import treelite
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        paths = artifact_paths(repository)
+        self._torch = torch
+        self._preprocess = preprocess_module(repository)
+        self.tokenizer = self._preprocess.load_tokenizer(str(paths["tokenizer"]))
+        self.encoder = torch.jit.load(str(paths["encoder"]), map_location="cpu").eval()
+        self.forest: Any | None = (
+            treelite.Model.deserialize(str(paths["forest"])) if paths["forest"].exists() else None
+        )
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and mask for one request, padded like the preprocess model pads it."""
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        ids = [encoding.ids for encoding in encodings]
+        input_ids, mask = self._preprocess.pad_token_ids(ids, PAD_TO_MULTIPLE_OF)
+        return input_ids, mask
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """L2-normalised embeddings, shape (n, dim) float32, for one request of texts."""
+        input_ids, mask = self.tokenize(texts)
+        with self._torch.inference_mode():
+            output = self.encoder(self._torch.from_numpy(input_ids), self._torch.from_numpy(mask))
+        return np.asarray(output.numpy(), dtype=np.float32)
+
+    def score_embeddings(self, embeddings: np.ndarray) -> np.ndarray:
+        """Forest scores, shape (n,) float32."""
+        from build_models.forest import predict_checkpoint
+
+        if self.forest is None:
+            raise FileNotFoundError("no forest checkpoint in this repository")
+        return predict_checkpoint(self.forest, embeddings).reshape(-1)
+
+    def score(self, texts: Sequence[str]) -> np.ndarray:
+        """Scores, shape (n,) float32, for one request of texts."""
+        return self.score_embeddings(self.embed(texts))
+
+    def embed_many(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Embed a large list in length-sorted batches (little padding), returned in input order."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        result = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            result[chunk] = self.embed([texts[i] for i in chunk])
+        return result
+
+    @cached_property
+    def dimension(self) -> int:
+        """Embedding width of the encoder."""
+        probe_ids, probe_mask = self.tokenize([""])
+        with self._torch.inference_mode():
+            output = self.encoder(self._torch.from_numpy(probe_ids), self._torch.from_numpy(probe_mask))
+        return int(output.shape[1])

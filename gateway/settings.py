@@ -1,0 +1,83 @@
+"""Gateway settings: environment variables prefixed ``GATEWAY_`` (or a ``.env`` file), validated at start."""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+Transport = Literal["grpc", "system_shm", "cuda_shm", "auto"]
+MODEL_VERSION_PATTERN = r"^[1-9][0-9]{0,8}$"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Settings(BaseSettings):
+    """Everything the gateway can be configured with."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # Serving
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    workers: int = Field(1, ge=1)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # Triton
+    triton_grpc_url: str = "127.0.0.1:8001"
+    regression_model: str = "text_regression"
+    embedding_model: str = "text_embedding"
+    request_timeout_s: float = Field(10.0, gt=0, description="deadline of one inference request")
+    warmup_timeout_s: float = Field(60.0, gt=0)
+    health_interval_s: float = Field(0.5, gt=0, le=2.0, description="readiness monitor period")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with every 503")
+
+    # Limits
+    max_texts_per_request: int = Field(512, ge=1)
+    max_text_chars: int = Field(10_000, ge=1)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+    # Auth: SHA-256 hex digests of API keys, each "digest:scope1+scope2" (scopes: infer, admin).
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    api_keys_file: Path | None = None
+    protect_metrics: bool = False
+
+    # Shared-memory transport
+    transport: Transport = "grpc"
+    shm_region_bytes: int = Field(4 * 1024 * 1024, ge=4096)
+    shm_pool_size: int = Field(8, ge=1)
+    shm_acquire_timeout_s: float = Field(0.05, ge=0)
+    shm_auto_min_bytes: int = Field(65_536, ge=0)
+    cuda_device_id: int = Field(0, ge=0)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            digest = entry.split(":", 1)[0]
+            if not _SHA256.match(digest):
+                raise ValueError("each API key entry must be 'sha256hex[:scope+scope]'")
+        return value
+
+    @cached_property
+    def key_entries(self) -> list[str]:
+        """Key entries from the setting and, if configured, the keys file (one per line, # comments)."""
+        entries = list(self.api_keys)
+        if self.api_keys_file is not None:
+            for line in self.api_keys_file.read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    entries.append(line)
+        return self._check_keys(entries)

@@ -1,0 +1,328 @@
+"""A real ``tritonserver`` (2.51, from the ``nvidia-pytriton`` wheel) run as a child process.
+
+Used by ``make run`` (``python -m gateway dev``), the tests and the load tool on machines with no
+GPU and no Docker. The server is bound to 127.0.0.1 on free ports, started in its own process
+group, killed if this process dies (PR_SET_PDEATHSIG), and stopped with SIGTERM then SIGKILL.
+Every failure names its cause and quotes the tail of the server log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+DEFAULT_MODELS = ("text_regression", "text_embedding")
+_PR_SET_PDEATHSIG = 1
+_LOG_TAIL_LINES = 40
+
+
+class EmbeddedTritonError(RuntimeError):
+    """The embedded server could not be prepared, started or kept running."""
+
+
+class PortInUseError(EmbeddedTritonError):
+    """One of the requested ports is taken by another process."""
+
+
+class ModelLoadError(EmbeddedTritonError):
+    """A model failed to load; ``model`` names it."""
+
+    def __init__(self, model: str, reason: str, log_tail: str) -> None:
+        super().__init__(f"model '{model}' failed to load: {reason}\n--- server log tail ---\n{log_tail}")
+        self.model = model
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The three ports one server listens on (all on 127.0.0.1)."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the OS reports free right now (tritonserver rejects port 0, so we pick them)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _pytriton_dir() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
+        raise EmbeddedTritonError(
+            "the tritonserver binary comes from the nvidia-pytriton wheel, which is not installed "
+            "(pip install nvidia-pytriton==0.7.0, or run `make run`, which installs it)"
+        )
+    return Path(spec.origin).parent
+
+
+def _libpython_dir() -> Path:
+    libdir = sysconfig.get_config_var("LIBDIR")
+    ldlibrary = sysconfig.get_config_var("LDLIBRARY") or ""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED") or not libdir:
+        raise EmbeddedTritonError(
+            f"this Python ({sys.executable}) was built without --enable-shared: it has no "
+            "libpython shared library, which Triton's Python-backend stub must load. Use a Python "
+            "built with --enable-shared (pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)."
+        )
+    if not (Path(libdir) / ldlibrary).exists():
+        raise EmbeddedTritonError(f"the shared library {ldlibrary} is missing from {libdir}")
+    return Path(libdir)
+
+
+def _check_numpy() -> None:
+    try:
+        version = importlib.metadata.version("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        raise EmbeddedTritonError("numpy is not installed in this environment") from None
+    if int(version.split(".")[0]) >= 2:
+        raise EmbeddedTritonError(
+            f"numpy {version} is installed; Triton 2.51's Python backend needs numpy<2 (with 2.x "
+            "every output fails with 'output tensor shape does not match size of output'). "
+            "Install 'numpy<2'."
+        )
+
+
+def prepare_server(workdir: Path) -> Path:
+    """Copy pytriton's server tree into ``workdir`` with the stub of the running Python; return the binary."""
+    source = _pytriton_dir() / "tritonserver"
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = source / "python_backend_stubs" / python_version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise EmbeddedTritonError(f"nvidia-pytriton ships no Python-backend stub for Python {python_version}")
+    target = workdir / "tritonserver"
+    marker = target / ".prepared-from"
+    stamp = f"{source}:{python_version}"
+    if not (marker.exists() and marker.read_text() == stamp):
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(source, target, symlinks=True)
+        shutil.copy2(stub, target / "backends" / "python" / "triton_python_backend_stub")
+        marker.write_text(stamp)
+    return target / "bin" / "tritonserver"
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: the kernel kills the server when we die.
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class EmbeddedTriton:
+    """One ``tritonserver`` child process serving a model repository on 127.0.0.1."""
+
+    def __init__(
+        self,
+        model_repository: Path,
+        workdir: Path,
+        models: Sequence[str] = DEFAULT_MODELS,
+        ports: Ports | None = None,
+        startup_timeout: float = 120.0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.model_repository = model_repository
+        self.workdir = workdir
+        self.models = tuple(models)
+        self._fixed_ports = ports
+        self.ports = ports or Ports(*free_ports(3))
+        self.startup_timeout = startup_timeout
+        self.extra_args = tuple(extra_args)
+        self.log_path = workdir / "tritonserver.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None
+        self.ready_after: float | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of the gRPC endpoint."""
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def http_url(self) -> str:
+        """``host:port`` of the HTTP endpoint."""
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Full URL of the Prometheus metrics endpoint."""
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    def command(self, binary: Path) -> list[str]:
+        """The server's command line."""
+        args = [
+            str(binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={binary.parent.parent / 'backends'}",
+            "--model-control-mode=explicit",
+            *(f"--load-model={model}" for model in self.models),
+            "--http-address=127.0.0.1",
+            f"--http-port={self.ports.http}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.ports.grpc}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-metrics=true",
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+            "--log-verbose=0",
+        ]
+        return args + list(self.extra_args)
+
+    def environment(self, binary: Path) -> dict[str, str]:
+        """The environment the server and its Python-backend stubs need."""
+        env = dict(os.environ)
+        lib_dirs = [str(_libpython_dir()), str(_pytriton_dir().parent / "nvidia_pytriton.libs")]
+        if env.get("LD_LIBRARY_PATH"):
+            lib_dirs.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
+        # Python-backend models must import this environment's packages.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        return env
+
+    def start(self) -> EmbeddedTriton:
+        """Start the server and wait until it and its models are ready (retries taken ports)."""
+        _check_numpy()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        binary = prepare_server(self.workdir)
+        attempts = 1 if self._fixed_ports else 3
+        for attempt in range(attempts):
+            try:
+                self._launch(binary)
+                self._wait_ready()
+                return self
+            except PortInUseError:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+                self.ports = Ports(*free_ports(3))
+        return self
+
+    def _launch(self, binary: Path) -> None:
+        self.started_at = time.monotonic()
+        self.ready_after = None
+        log = self.log_path.open("wb")
+        try:
+            self.process = subprocess.Popen(
+                self.command(binary),
+                env=self.environment(binary),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - must run between fork and exec
+            )
+        finally:
+            log.close()
+        atexit.register(self.stop)
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last lines of the server log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no server log)"
+
+    def _failure(self) -> EmbeddedTritonError:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        tail = self.log_tail()
+        if re.search(r"already in use|address in use|Address already in use", text, re.IGNORECASE):
+            return PortInUseError(f"a port of {self.ports} is in use\n--- server log tail ---\n{tail}")
+        failed = re.search(r"failed to load '([^']+)' version \d+: (.*)", text)
+        if failed:
+            return ModelLoadError(failed.group(1), failed.group(2).strip(), tail)
+        code = self.process.returncode if self.process else None
+        return EmbeddedTritonError(f"tritonserver exited early (rc {code})\n--- server log tail ---\n{tail}")
+
+    def is_ready(self) -> bool:
+        """True when the server answers ready on HTTP (all its loaded models ready)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None and self.started_at is not None
+        deadline = self.started_at + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise self._failure()
+            if self.is_ready():
+                self.ready_after = time.monotonic() - self.started_at
+                return
+            time.sleep(0.1)
+        failure = self._failure()
+        self.stop()
+        raise EmbeddedTritonError(
+            f"tritonserver not ready after {self.startup_timeout:.0f} s\n{failure}"
+        )
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM the server's process group, SIGKILL it after ``timeout``; return its exit code."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        atexit.unregister(self.stop)
+        return process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server at once (for failure tests)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> EmbeddedTriton:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serve(model_repository: Path, workdir: Path, **kwargs: object) -> Iterator[EmbeddedTriton]:
+    """Context manager: a started EmbeddedTriton, stopped on exit."""
+    server = EmbeddedTriton(model_repository, workdir, **kwargs)  # type: ignore[arg-type]
+    with server:
+        yield server
