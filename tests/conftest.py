@@ -1,0 +1,66 @@
+"""Session fixtures: small real models, built once, served by a real embedded tritonserver."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from build_models.profiles import MODELS, render_repository
+from gateway.triton.embedded import EmbeddedTriton
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".work"
+# Small but real: the shipped MiniLM encoder, a few hundred demo rows, a small forest.
+FAST_BUILD_ARGS = ["--demo-rows", "300", "--trees", "10", "--max-depth", "8"]
+
+
+def copy_committed_repository(destination: Path) -> Path:
+    """Copy the committed configs and model.py files (no artifacts) of every model."""
+    for name in MODELS:
+        source = ROOT / "model_repository" / name
+        for item in source.rglob("*"):
+            if item.is_file() and (item.name in ("config.pbtxt", "model.py", ".gitkeep")):
+                target = destination / name / item.relative_to(source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(item, target)
+    return destination
+
+
+@pytest.fixture(scope="session")
+def built_repository() -> Path:
+    """A model repository with small real artifacts (rebuilt only when its inputs change)."""
+    repository = copy_committed_repository(WORK / "test-model-repository")
+    subprocess.run(
+        [sys.executable, "-m", "build_models", "--repository", str(repository), *FAST_BUILD_ARGS],
+        check=True,
+    )
+    return repository
+
+
+@pytest.fixture(scope="session")
+def cpu_repository(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CPU profile rendered from the built repository."""
+    return render_repository(tmp_path_factory.mktemp("cpu-profile"), "cpu", built_repository)
+
+
+@pytest.fixture(scope="session")
+def triton(cpu_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
+    """A real tritonserver serving both ensembles, shared by the whole session (do not kill it)."""
+    server = EmbeddedTriton(cpu_repository, tmp_path_factory.mktemp("triton"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_triton(cpu_repository: Path, tmp_path: Path) -> Iterator[EmbeddedTriton]:
+    """A server of the test's own, free to be killed and restarted."""
+    server = EmbeddedTriton(cpu_repository, tmp_path / "triton")
+    server.start()
+    yield server
+    server.stop()
