@@ -31,7 +31,8 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict gateway
+	$(VENV)/bin/mypy build_models load
 
 pytest: install
 	$(PY) -m pytest -ra

@@ -148,7 +148,9 @@ def is_up_to_date(repository: Path, fingerprint: str) -> bool:
     return True
 
 
-def _max_sequence_length(source: Path | str, tokenizer: Any, max_positions: int, asked: int | None) -> int:
+def _max_sequence_length(
+    source: Path | str, tokenizer: Any, max_positions: int, asked: int | None
+) -> int:
     if asked is not None:
         if not 8 <= asked <= max_positions:
             raise BuildInputError(f"--max-seq-len must lie in 8..{max_positions} for this model")
@@ -160,7 +162,9 @@ def _max_sequence_length(source: Path | str, tokenizer: Any, max_positions: int,
     return int(min(max_positions, getattr(tokenizer, "model_max_length", max_positions)))
 
 
-def build(options: BuildOptions, force: bool = False, progress: Callable[[str], None] = log.info) -> dict[str, Any]:
+def build(
+    options: BuildOptions, force: bool = False, progress: Callable[[str], None] = log.info
+) -> dict[str, Any]:
     """Build tokenizer, TorchScript encoder and Treelite forest into ``options.repository``.
 
     Returns the manifest. With unchanged inputs and intact artifacts it does nothing (unless
@@ -181,9 +185,9 @@ def build(options: BuildOptions, force: bool = False, progress: Callable[[str], 
     fingerprint = _fingerprint(options, source_digest, data_digest)
     if not force and is_up_to_date(repository, fingerprint):
         progress(f"models in {repository} are up to date (inputs unchanged); --force rebuilds")
-        manifest = read_manifest(repository)
-        assert manifest is not None
-        return manifest
+        existing = read_manifest(repository)
+        assert existing is not None  # is_up_to_date() just read it
+        return existing
 
     paths = artifact_paths(repository)
     progress(f"loading encoder {options.bert or encoder_module.DEFAULT_MODEL}")
@@ -194,7 +198,9 @@ def build(options: BuildOptions, force: bool = False, progress: Callable[[str], 
         module, hf_tokenizer, max_positions = encoder_module.load_encoder(source)
         max_len = _max_sequence_length(source, hf_tokenizer, max_positions, options.max_seq_len)
         progress(f"exporting TorchScript (max sequence length {max_len})")
-        deviation = encoder_module.export_torchscript(module, hf_tokenizer.vocab_size, paths["encoder"])
+        deviation = encoder_module.export_torchscript(
+            module, hf_tokenizer.vocab_size, paths["encoder"]
+        )
     fast_tokenizer = hf_tokenizer.backend_tokenizer
     fast_tokenizer.no_padding()
     fast_tokenizer.enable_truncation(max_length=max_len)
@@ -209,8 +215,12 @@ def build(options: BuildOptions, force: bool = False, progress: Callable[[str], 
         features[start : start + step] = pipeline.embed_many(texts[start : start + step])
         progress(f"  embedded {min(start + step, len(texts))}/{len(texts)}")
     progress(f"training forest ({options.trees} trees, max depth {options.max_depth})")
-    forest, metrics = train_forest(features, targets, options.trees, options.max_depth, options.seed)
-    treelite_version = export_checkpoint(forest, metrics.trainer, options.triton_release, paths["forest"])
+    forest, metrics = train_forest(
+        features, targets, options.trees, options.max_depth, options.seed
+    )
+    treelite_version = export_checkpoint(
+        forest, metrics.trainer, options.triton_release, paths["forest"]
+    )
 
     import torch
 

@@ -60,7 +60,9 @@ def load_encoder(source: Path | str) -> tuple[MeanPooledEncoder, Any, int]:
     except (OSError, ValueError) as exc:
         raise BuildInputError(f"cannot load a BERT encoder from {source!s}: {exc}") from exc
     if bert.config.model_type not in ("bert", "roberta", "distilbert", "mpnet"):
-        raise BuildInputError(f"{source!s} is a {bert.config.model_type!r} model, not a BERT encoder")
+        raise BuildInputError(
+            f"{source!s} is a {bert.config.model_type!r} model, not a BERT encoder"
+        )
     bert.eval()
     return MeanPooledEncoder(bert).eval(), tokenizer, int(bert.config.max_position_embeddings)
 

@@ -32,7 +32,7 @@ def _cuml_with_gpu() -> Any | None:
 
         if cupy.cuda.runtime.getDeviceCount() > 0:
             return RandomForestRegressor
-    except Exception:  # noqa: BLE001 - any import or driver failure means "no cuML here"
+    except Exception:
         return None
     return None
 
@@ -79,10 +79,12 @@ def export_checkpoint(model: Any, trainer: str, triton_release: str, destination
     import treelite
 
     check_treelite(triton_release, treelite.__version__)
-    if trainer == "cuml":
-        tl_model = model.convert_to_treelite_model()
-    else:
-        tl_model = treelite.sklearn.import_model(model)
+    # cuML forests convert themselves; scikit-learn ones go through Treelite's importer.
+    tl_model = (
+        model.convert_to_treelite_model()
+        if trainer == "cuml"
+        else treelite.sklearn.import_model(model)
+    )
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = destination.with_suffix(".tmp")
     tl_model.serialize(str(tmp))

@@ -8,6 +8,7 @@ model's own module, so the reference cannot drift from what Triton runs.
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from collections.abc import Sequence
 from functools import cache, cached_property
 from pathlib import Path
@@ -44,7 +45,9 @@ def artifact_paths(repository: Path) -> dict[str, Path]:
 class ReferencePipeline:
     """Tokenize, encode and score texts in this process, exactly as the Triton ensemble does."""
 
-    def __init__(self, repository: Path = DEFAULT_REPOSITORY, torch_threads: int | None = None) -> None:
+    def __init__(
+        self, repository: Path = DEFAULT_REPOSITORY, torch_threads: int | None = None
+    ) -> None:
         import torch
         import treelite
 
@@ -54,7 +57,12 @@ class ReferencePipeline:
         self._torch = torch
         self._preprocess = preprocess_module(repository)
         self.tokenizer = self._preprocess.load_tokenizer(str(paths["tokenizer"]))
-        self.encoder = torch.jit.load(str(paths["encoder"]), map_location="cpu").eval()
+        with warnings.catch_warnings():
+            # TorchScript is deprecated in torch >= 2.10 but is what Triton's PyTorch backend reads.
+            warnings.filterwarnings(
+                "ignore", message=".*torch.jit.load.*", category=DeprecationWarning
+            )
+            self.encoder = torch.jit.load(str(paths["encoder"]), map_location="cpu").eval()
         self.forest: Any | None = (
             treelite.Model.deserialize(str(paths["forest"])) if paths["forest"].exists() else None
         )
@@ -99,5 +107,7 @@ class ReferencePipeline:
         """Embedding width of the encoder."""
         probe_ids, probe_mask = self.tokenize([""])
         with self._torch.inference_mode():
-            output = self.encoder(self._torch.from_numpy(probe_ids), self._torch.from_numpy(probe_mask))
+            output = self.encoder(
+                self._torch.from_numpy(probe_ids), self._torch.from_numpy(probe_mask)
+            )
         return int(output.shape[1])

@@ -78,7 +78,7 @@ def render_config(
     """Return a copy of ``config`` rendered for ``profile``.
 
     ``overrides`` sets extra string parameters per model (e.g. ``{"preprocess": {"tensor_library":
-    "numpy_dlpack"}}``); ``instances`` sets each model's instance count.
+    "torch_dlpack"}}``); ``instances`` sets each model's instance count.
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; expected one of {PROFILES}")
@@ -109,19 +109,30 @@ def render_repository(
     Artifacts of ``source`` are symlinked; model.py files are copied. Returns ``destination``.
     """
     manifest_path = source / "build-manifest.json"
-    dimension = json.loads(manifest_path.read_text())["embedding_dimension"] if manifest_path.is_file() else None
+    dimension = (
+        json.loads(manifest_path.read_text())["embedding_dimension"]
+        if manifest_path.is_file()
+        else None
+    )
     if destination.exists():
         shutil.rmtree(destination)
     destination.mkdir(parents=True)
     for name in MODELS:
         model_dir = source / name
         config = render_config(
-            read_config(model_dir / "config.pbtxt"), profile, dimension, instances, torch_threads, overrides
+            read_config(model_dir / "config.pbtxt"),
+            profile,
+            dimension,
+            instances,
+            torch_threads,
+            overrides,
         )
         target = destination / name
         target.mkdir()
         write_config(config, target / "config.pbtxt")
-        for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+        for version_dir in sorted(
+            p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()
+        ):
             out_version = target / version_dir.name
             out_version.mkdir()
             for item in version_dir.iterdir():
@@ -142,8 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", choices=PROFILES, required=True)
     p.add_argument("--out", type=Path, required=True, help="directory to (re)create")
     p.add_argument("--source", type=Path, default=DEFAULT_REPOSITORY)
-    p.add_argument("--instances", action="append", default=[], metavar="MODEL=N",
-                   help="instance count per GPU/CPU for a model, e.g. bert=2 (repeatable)")
+    p.add_argument(
+        "--instances",
+        action="append",
+        default=[],
+        metavar="MODEL=N",
+        help="instance count per GPU/CPU for a model, e.g. bert=2 (repeatable)",
+    )
     args = p.parse_args(argv)
     instances = {}
     for item in args.instances:

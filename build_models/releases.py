@@ -43,7 +43,9 @@ def release(tag: str) -> TritonRelease:
         return RELEASES[tag]
     except KeyError:
         known = ", ".join(sorted(RELEASES))
-        raise ReleaseMismatchError(f"unknown Triton release {tag!r}; known releases: {known}") from None
+        raise ReleaseMismatchError(
+            f"unknown Triton release {tag!r}; known releases: {known}"
+        ) from None
 
 
 def check_treelite(tag: str, installed: str) -> TritonRelease:

@@ -20,7 +20,9 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        parameters = {
+            key: value["string_value"] for key, value in config.get("parameters", {}).items()
+        }
         threads = int(parameters.get("torch_num_threads", "0"))
         if threads > 0:
             torch.set_num_threads(threads)

@@ -46,7 +46,9 @@ class ModelLoadError(EmbeddedTritonError):
     """A model failed to load; ``model`` names it."""
 
     def __init__(self, model: str, reason: str, log_tail: str) -> None:
-        super().__init__(f"model '{model}' failed to load: {reason}\n--- server log tail ---\n{log_tail}")
+        super().__init__(
+            f"model '{model}' failed to load: {reason}\n--- server log tail ---\n{log_tail}"
+        )
         self.model = model
 
 
@@ -116,7 +118,9 @@ def prepare_server(workdir: Path) -> Path:
     python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = source / "python_backend_stubs" / python_version / "triton_python_backend_stub"
     if not stub.exists():
-        raise EmbeddedTritonError(f"nvidia-pytriton ships no Python-backend stub for Python {python_version}")
+        raise EmbeddedTritonError(
+            f"nvidia-pytriton ships no Python-backend stub for Python {python_version}"
+        )
     target = workdir / "tritonserver"
     marker = target / ".prepared-from"
     stamp = f"{source}:{python_version}"
@@ -237,7 +241,7 @@ class EmbeddedTriton:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - must run between fork and exec
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
@@ -254,17 +258,23 @@ class EmbeddedTriton:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         tail = self.log_tail()
         if re.search(r"already in use|address in use|Address already in use", text, re.IGNORECASE):
-            return PortInUseError(f"a port of {self.ports} is in use\n--- server log tail ---\n{tail}")
+            return PortInUseError(
+                f"a port of {self.ports} is in use\n--- server log tail ---\n{tail}"
+            )
         failed = re.search(r"failed to load '([^']+)' version \d+: (.*)", text)
         if failed:
             return ModelLoadError(failed.group(1), failed.group(2).strip(), tail)
         code = self.process.returncode if self.process else None
-        return EmbeddedTritonError(f"tritonserver exited early (rc {code})\n--- server log tail ---\n{tail}")
+        return EmbeddedTritonError(
+            f"tritonserver exited early (rc {code})\n--- server log tail ---\n{tail}"
+        )
 
     def is_ready(self) -> bool:
         """True when the server answers ready on HTTP (all its loaded models ready)."""
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as answer:
+            with urllib.request.urlopen(
+                f"http://{self.http_url}/v2/health/ready", timeout=1
+            ) as answer:
                 return bool(answer.status == 200)
         except (urllib.error.URLError, OSError):
             return False

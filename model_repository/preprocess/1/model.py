@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,9 @@ def padded_length(lengths: Sequence[int], multiple: int) -> int:
     return max(multiple, -(-longest // multiple) * multiple)
 
 
-def pad_token_ids(token_ids: Sequence[Sequence[int]], multiple: int, xp: Any = np) -> tuple[Any, Any]:
+def pad_token_ids(
+    token_ids: Sequence[Sequence[int]], multiple: int, xp: Any = np
+) -> tuple[Any, Any]:
     """Pad token id lists into ``(input_ids, attention_mask)`` INT64 arrays of the array module ``xp``.
 
     ``xp`` is numpy on a CPU instance and cupy on a GPU instance: the padded arrays are built
@@ -74,14 +77,16 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        parameters = {
+            key: value["string_value"] for key, value in config.get("parameters", {}).items()
+        }
         self.pad_multiple = int(parameters.get("pad_to_multiple_of", "16"))
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.tokenizer = load_tokenizer(os.path.join(version_dir, TOKENIZER_FILE))
         self.xp, self.use_dlpack = self._choose_tensor_library(
             parameters.get("tensor_library", "auto"), args.get("model_instance_kind", "CPU")
         )
-        if self.xp is not np:
+        if self.xp.__name__ == "cupy":
             device_id = int(args.get("model_instance_device_id", "0"))
             self.xp.cuda.Device(device_id).use()
 
@@ -89,8 +94,12 @@ class TritonPythonModel:
     def _choose_tensor_library(setting: str, instance_kind: str) -> tuple[Any, bool]:
         if setting == "numpy":
             return np, False
-        if setting == "numpy_dlpack":
-            return np, True
+        if setting == "torch_dlpack":
+            # numpy 1.x cannot release a DLPack capsule that a consumer renamed; torch can. This
+            # setting drives the GPU code path (device arrays handed on with DLPack) on a CPU.
+            import torch
+
+            return torch, True
         if setting in ("cupy", "auto") and instance_kind == "GPU":
             import cupy
 
