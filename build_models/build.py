@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from build_models.demo_data import make_reviews
 from build_models.errors import BuildInputError
@@ -51,7 +52,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_training_data(options: BuildOptions) -> tuple[list[str], np.ndarray, str]:
+def load_training_data(options: BuildOptions) -> tuple[list[str], npt.NDArray[np.float32], str]:
     """The (texts, targets, description) to train on: the CSV if given, else the demo set."""
     if options.train_csv is None:
         rows = make_reviews(options.demo_rows, seed=20241010 + options.seed)
@@ -94,7 +95,7 @@ def _read_csv(path: Path) -> list[tuple[str, float]]:
     return rows
 
 
-def _data_digest(texts: list[str], targets: np.ndarray) -> str:
+def _data_digest(texts: list[str], targets: npt.NDArray[np.float32]) -> str:
     digest = hashlib.sha256()
     for text, target in zip(texts, targets.tolist(), strict=True):
         digest.update(text.encode("utf-8"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from build_models.releases import check_treelite
 
@@ -38,7 +39,11 @@ def _cuml_with_gpu() -> Any | None:
 
 
 def train_forest(
-    features: np.ndarray, targets: np.ndarray, trees: int, max_depth: int, seed: int
+    features: npt.NDArray[np.float32],
+    targets: npt.NDArray[np.float32],
+    trees: int,
+    max_depth: int,
+    seed: int,
 ) -> tuple[Any, ForestMetrics]:
     """Fit a RandomForestRegressor (cuML on a GPU, scikit-learn otherwise) and score a 20 % hold-out."""
     from sklearn.metrics import mean_absolute_error, r2_score
@@ -83,7 +88,7 @@ def export_checkpoint(model: Any, trainer: str, triton_release: str, destination
     tl_model = (
         model.convert_to_treelite_model()
         if trainer == "cuml"
-        else treelite.sklearn.import_model(model)
+        else treelite.sklearn.import_model(model)  # type: ignore[no-untyped-call]
     )
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = destination.with_suffix(".tmp")
@@ -92,7 +97,7 @@ def export_checkpoint(model: Any, trainer: str, triton_release: str, destination
     return str(treelite.__version__)
 
 
-def predict_checkpoint(model: Any, features: np.ndarray) -> np.ndarray:
+def predict_checkpoint(model: Any, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """Score ``features`` with a loaded Treelite model (GTIL): shape (n, 1) float32, as FIL returns."""
     import treelite
 

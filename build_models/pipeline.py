@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
 PAD_TO_MULTIPLE_OF = 16
@@ -62,26 +63,30 @@ class ReferencePipeline:
             warnings.filterwarnings(
                 "ignore", message=".*torch.jit.load.*", category=DeprecationWarning
             )
-            self.encoder = torch.jit.load(str(paths["encoder"]), map_location="cpu").eval()
+            self.encoder = torch.jit.load(  # type: ignore[no-untyped-call]
+                str(paths["encoder"]), map_location="cpu"
+            ).eval()
         self.forest: Any | None = (
             treelite.Model.deserialize(str(paths["forest"])) if paths["forest"].exists() else None
         )
 
-    def tokenize(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def tokenize(
+        self, texts: Sequence[str]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """Token ids and mask for one request, padded like the preprocess model pads it."""
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
         ids = [encoding.ids for encoding in encodings]
         input_ids, mask = self._preprocess.pad_token_ids(ids, PAD_TO_MULTIPLE_OF)
         return input_ids, mask
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """L2-normalised embeddings, shape (n, dim) float32, for one request of texts."""
         input_ids, mask = self.tokenize(texts)
         with self._torch.inference_mode():
             output = self.encoder(self._torch.from_numpy(input_ids), self._torch.from_numpy(mask))
         return np.asarray(output.numpy(), dtype=np.float32)
 
-    def score_embeddings(self, embeddings: np.ndarray) -> np.ndarray:
+    def score_embeddings(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Forest scores, shape (n,) float32."""
         from build_models.forest import predict_checkpoint
 
@@ -89,11 +94,11 @@ class ReferencePipeline:
             raise FileNotFoundError("no forest checkpoint in this repository")
         return predict_checkpoint(self.forest, embeddings).reshape(-1)
 
-    def score(self, texts: Sequence[str]) -> np.ndarray:
+    def score(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Scores, shape (n,) float32, for one request of texts."""
         return self.score_embeddings(self.embed(texts))
 
-    def embed_many(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    def embed_many(self, texts: Sequence[str], batch_size: int = 64) -> npt.NDArray[np.float32]:
         """Embed a large list in length-sorted batches (little padding), returned in input order."""
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         result = np.zeros((len(texts), self.dimension), dtype=np.float32)

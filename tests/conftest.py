@@ -12,6 +12,7 @@ import pytest
 
 from build_models.profiles import MODELS, render_repository
 from gateway.triton.embedded import EmbeddedTriton
+from tests.gateway_support import RunningGateway, running_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".work"
@@ -66,3 +67,12 @@ def own_triton(cpu_repository: Path, tmp_path: Path) -> Iterator[EmbeddedTriton]
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(triton: EmbeddedTriton) -> Iterator[RunningGateway]:
+    """A ready gateway in front of the session's Triton, with small limits to test them cheaply."""
+    with running_gateway(
+        triton.grpc_url, max_texts_per_request=64, max_text_chars=2000, max_body_bytes=64 * 1024
+    ) as running:
+        yield running

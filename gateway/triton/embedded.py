@@ -75,6 +75,11 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def free_port() -> int:
+    """One port the OS reports free right now."""
+    return free_ports(1)[0]
+
+
 def _pytriton_dir() -> Path:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or spec.origin is None:

@@ -1,0 +1,5 @@
+"""``python -m gateway``."""
+
+from gateway.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""The gateway's error hierarchy: every error carries its HTTP status and a stable code.
+
+One handler (``app.py``) turns any of them into ``{"error": {"code", "message", "request_id"}}``.
+Triton failures are classified by gRPC status code (``gateway/triton/client.py``), never by text.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every error the API reports; subclasses fix ``status_code`` and ``code``."""
+
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+        # The gRPC status name when the error came from Triton (for metrics), else None.
+        self.upstream_status: str | None = None
+
+
+class BadRequest(GatewayError):
+    """The body is not parseable (invalid JSON or UTF-8)."""
+
+    status_code = 400
+    code = "bad_request"
+
+
+class Unauthorized(GatewayError):
+    """No API key, or an unknown one."""
+
+    status_code = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"WWW-Authenticate": 'Bearer realm="textscore"'})
+
+
+class Forbidden(GatewayError):
+    """A valid key without the scope the route needs."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(GatewayError):
+    """No such route or resource."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    """The route exists, the method does not."""
+
+    status_code = 405
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(GatewayError):
+    """The body exceeds ``max_body_bytes``."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class InvalidRequest(GatewayError):
+    """The body parsed but breaks the schema or a limit."""
+
+    status_code = 422
+    code = "invalid_request"
+
+
+class ServiceUnavailable(GatewayError):
+    """Temporarily unable to serve; the caller should retry after ``Retry-After`` seconds."""
+
+    status_code = 503
+    code = "service_unavailable"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
+class NotReady(ServiceUnavailable):
+    """The gateway has not finished warming Triton up (or lost it)."""
+
+    code = "not_ready"
+
+
+class UpstreamUnavailable(ServiceUnavailable):
+    """Triton answered UNAVAILABLE or could not be reached."""
+
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    """The request's deadline passed before Triton answered."""
+
+    status_code = 504
+    code = "upstream_timeout"
+
+
+class UpstreamInvalidArgument(GatewayError):
+    """Triton rejected the request's content (INVALID_ARGUMENT)."""
+
+    status_code = 422
+    code = "upstream_invalid_argument"
+
+
+class ModelNotFound(GatewayError):
+    """Triton has no such model or version (NOT_FOUND)."""
+
+    status_code = 404
+    code = "model_not_found"
+
+
+class UpstreamError(GatewayError):
+    """Any other Triton failure: reported as a bad gateway, never a bare 500."""
+
+    status_code = 502
+    code = "upstream_error"

@@ -1,0 +1,83 @@
+"""A real gateway (uvicorn in a thread) for tests, with keys of every kind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+
+from gateway.app import create_app
+from gateway.auth import new_key
+from gateway.settings import Settings
+from gateway.triton.embedded import free_port
+
+
+@dataclass
+class RunningGateway:
+    """A gateway serving on 127.0.0.1 and the keys it accepts."""
+
+    base_url: str
+    infer_key: str
+    admin_only_key: str
+    settings: Settings
+    server: uvicorn.Server
+
+    def client(
+        self, key: str | None = "infer", headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> httpx.Client:
+        """An HTTP client, authenticated with the infer key unless ``key`` is None."""
+        merged = {"X-API-Key": self.infer_key} if key == "infer" else {}
+        merged.update(headers or {})
+        return httpx.Client(base_url=self.base_url, headers=merged, timeout=30, **kwargs)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Block until /readyz says 200."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.base_url) as client:
+            while time.monotonic() < deadline:
+                if client.get("/readyz").status_code == 200:
+                    return
+                time.sleep(0.1)
+        raise TimeoutError("gateway not ready")
+
+
+@contextmanager
+def running_gateway(
+    triton_grpc_url: str, wait_ready: bool = True, **overrides: Any
+) -> Iterator[RunningGateway]:
+    """Start a gateway in front of ``triton_grpc_url`` with ``overrides`` applied to its settings."""
+    infer_key, infer_entry = new_key(("infer",))
+    admin_key, admin_entry = new_key(("admin",))
+    port = free_port()
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        triton_grpc_url=triton_grpc_url,
+        port=port,
+        api_keys=[infer_entry, admin_entry],
+        health_interval_s=0.2,
+        **overrides,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=port, log_config=None, access_log=False
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    gateway = RunningGateway(f"http://127.0.0.1:{port}", infer_key, admin_key, settings, server)
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if wait_ready:
+            gateway.wait_ready()
+        yield gateway
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
