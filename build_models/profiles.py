@@ -1,9 +1,18 @@
-"""Render a servable model repository (GPU or CPU profile) from the committed configs and built artifacts.
+"""Render a servable model repository from the committed configs and built artifacts.
 
-The committed ``config.pbtxt`` files are the GPU profile. The CPU profile keeps every tensor name,
-type and shape and swaps only how ``bert`` and ``forest`` run: the Python backend executes the same
-``model.pt`` (torch.jit) and ``checkpoint.tl`` (Treelite GTIL) on KIND_CPU. Artifacts are linked,
-not copied. Rendering also applies the embedding width of the build and per-model instance counts.
+Profiles:
+
+- ``gpu``: the committed ``config.pbtxt`` files as they are (NGC Triton image, KIND_GPU).
+- ``gpu-image-cpu``: the NGC Triton image on a machine without a GPU (docker-compose.cpu.yml):
+  the same PyTorch and FIL backends, every instance on KIND_CPU, and preprocess asks for its
+  inputs in host memory.
+- ``cpu``: the embedded server of the ``nvidia-pytriton`` wheel, which has no PyTorch or FIL
+  backend. Every tensor name, type and shape is kept; only how ``bert`` and ``forest`` run changes:
+  the Python backend executes the same ``model.pt`` (torch.jit) and ``checkpoint.tl`` (Treelite
+  GTIL) on KIND_CPU.
+
+Artifacts are linked, not copied. Rendering also applies the embedding width of the build and
+per-model instance counts.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ COMPOSING_MODELS = ("preprocess", "bert", "forest")
 ENSEMBLES = ("text_regression", "text_embedding")
 MODELS = COMPOSING_MODELS + ENSEMBLES
 CPU_STAND_INS = Path(__file__).resolve().parent / "cpu_models"
-PROFILES = ("gpu", "cpu")
+PROFILES = ("gpu", "gpu-image-cpu", "cpu")
+# Profiles whose bert and forest run in Python-backend stand-ins instead of the real backends.
+STAND_IN_PROFILES = ("cpu",)
 
 
 def read_config(path: Path) -> mc.ModelConfig:
@@ -40,10 +51,16 @@ def _set_parameter(config: mc.ModelConfig, key: str, value: str) -> None:
     config.parameters[key].string_value = value
 
 
-def _to_cpu(config: mc.ModelConfig, torch_threads: int) -> None:
+def _to_kind_cpu(config: mc.ModelConfig) -> None:
     for group in config.instance_group:
         group.kind = mc.ModelInstanceGroup.KIND_CPU
         del group.gpus[:]
+    if config.name == "preprocess":
+        # With no GPU, Triton must hand execute() host tensors (cupy is never imported then).
+        _set_parameter(config, "FORCE_CPU_ONLY_INPUT_TENSORS", "yes")
+
+
+def _to_python_stand_ins(config: mc.ModelConfig, torch_threads: int) -> None:
     if config.name in ("bert", "forest"):
         config.ClearField("platform")
         config.backend = "python"
@@ -51,8 +68,6 @@ def _to_cpu(config: mc.ModelConfig, torch_threads: int) -> None:
             del config.parameters[key]
         if config.name == "bert":
             _set_parameter(config, "torch_num_threads", str(torch_threads))
-    if config.name == "preprocess":
-        _set_parameter(config, "FORCE_CPU_ONLY_INPUT_TENSORS", "yes")
 
 
 def _apply_dimension(config: mc.ModelConfig, dimension: int) -> None:
@@ -84,8 +99,10 @@ def render_config(
         raise ValueError(f"unknown profile {profile!r}; expected one of {PROFILES}")
     rendered = mc.ModelConfig()
     rendered.CopyFrom(config)
-    if profile == "cpu":
-        _to_cpu(rendered, torch_threads)
+    if profile in ("cpu", "gpu-image-cpu"):
+        _to_kind_cpu(rendered)
+    if profile in STAND_IN_PROFILES:
+        _to_python_stand_ins(rendered, torch_threads)
     if dimension is not None:
         _apply_dimension(rendered, dimension)
     if instances and rendered.name in instances:
@@ -142,7 +159,7 @@ def render_repository(
                     shutil.copy2(item, out_version / item.name)
                 else:
                     (out_version / item.name).symlink_to(item.resolve())
-            if profile == "cpu" and name in ("bert", "forest"):
+            if profile in STAND_IN_PROFILES and name in ("bert", "forest"):
                 shutil.copy2(CPU_STAND_INS / f"{name}.py", out_version / "model.py")
     return destination
 

@@ -58,3 +58,50 @@ def check_treelite(tag: str, installed: str) -> TritonRelease:
             f"of Treelite'); install treelite=={target.treelite} or pick another --triton-release"
         )
     return target
+
+
+def check_pytorch(tag: str, installed: str) -> TritonRelease:
+    """Refuse to export TorchScript with a PyTorch other than release ``tag``'s libtorch.
+
+    Only major.minor is compared: NGC containers carry pre-release builds such as
+    ``2.5.0a0+e000cf0ad9`` of the release that the PyTorch backend is built against.
+    """
+    target = release(tag)
+    wanted = target.pytorch.split(".")[:2]
+    if installed.split("+")[0].split(".")[:2] != wanted:
+        raise ReleaseMismatchError(
+            f"torch {installed} is installed, but Triton {tag}'s PyTorch backend runs libtorch "
+            f"{target.pytorch}; export TorchScript with PyTorch {'.'.join(wanted)} (e.g. in "
+            f"nvcr.io/nvidia/pytorch:{target.ngc_tag}-py3)"
+        )
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m build_models.releases --check-installed TAG``: check this environment's tools.
+
+    The compose builder runs it before building, so a wrong base image fails in seconds with a
+    clear message instead of producing artifacts that Triton refuses to load.
+    """
+    import argparse
+    import importlib.metadata
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m build_models.releases", description=__doc__)
+    parser.add_argument("--check-installed", metavar="TAG", required=True, choices=sorted(RELEASES))
+    args = parser.parse_args(argv)
+    try:
+        check_treelite(args.check_installed, importlib.metadata.version("treelite"))
+        target = check_pytorch(args.check_installed, importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError as exc:
+        print(f"error: {exc.name} is not installed", file=sys.stderr)
+        return 2
+    except ReleaseMismatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"treelite {target.treelite} and PyTorch {target.pytorch} match Triton {target.ngc_tag}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
