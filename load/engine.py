@@ -6,6 +6,7 @@ The baseline server and the raw in-process benchmark both use this, so neither i
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,10 @@ def load_pipeline(
     torch._C._jit_set_profiling_executor(False)
     torch._C._get_graph_executor_optimize(False)
     torch.set_num_threads(torch_threads)
-    return ReferencePipeline(repository, torch_threads=torch_threads)
+    with warnings.catch_warnings():
+        # TorchScript is the deliberate format: it is what Triton's libtorch backend reads.
+        warnings.filterwarnings("ignore", r".*torch\.jit\.load.*", DeprecationWarning)
+        return ReferencePipeline(repository, torch_threads=torch_threads)
 
 
 def warm_up(pipeline: ReferencePipeline) -> None:

@@ -49,7 +49,9 @@ def cpu_repository(built_repository: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="session")
-def triton(cpu_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
+def triton(
+    cpu_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedTriton]:
     """A real tritonserver serving both ensembles, shared by the whole session (do not kill it)."""
     server = EmbeddedTriton(cpu_repository, tmp_path_factory.mktemp("triton"))
     server.start()
