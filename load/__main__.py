@@ -1,0 +1,5 @@
+"""``python -m load``."""
+
+from load.cli import main
+
+raise SystemExit(main())

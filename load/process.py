@@ -1,0 +1,122 @@
+"""A child server process that cannot outlive the tool (own process group, PDEATHSIG, atexit)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerStartError(RuntimeError):
+    """The child exited or never became healthy; the message quotes its log."""
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: the kernel kills it if the tool dies.
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ManagedServer:
+    """Start a command, wait until ``health_url`` answers 200, stop it with SIGTERM then SIGKILL."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        health_url: str,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        self.command = list(command)
+        self.health_url = health_url
+        self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.ready_after: float | None = None
+
+    def start(self) -> ManagedServer:
+        """Launch, block until healthy; ``ready_after`` = seconds from launch to healthy."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # runs between fork and exec
+            )
+        atexit.register(self.stop)
+        deadline = started + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(
+                    f"{self.command[0]} exited with rc {self.process.returncode}\n{self.log_tail()}"
+                )
+            if self._healthy():
+                self.ready_after = time.monotonic() - started
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise ServerStartError(
+            f"not healthy after {self.startup_timeout_s:.0f} s\n{self.log_tail()}"
+        )
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=1) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the child's output."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``timeout_s``; return the exit code."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        atexit.unregister(self.stop)
+        return process.returncode
+
+    def __enter__(self) -> ManagedServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment plus ``extra``."""
+    env = dict(os.environ)
+    env.update(extra)
+    return env
