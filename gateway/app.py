@@ -186,12 +186,18 @@ def _add_security_schemes(app: FastAPI) -> None:
             },
             "ApiKeyAuth": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
         }
+        error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
         for path, operations in schema.get("paths", {}).items():
-            if path.startswith("/v1/") or (
-                path == "/metrics" and app.state.settings.protect_metrics
-            ):
-                for operation in operations.values():
+            for operation in operations.values():
+                # FastAPI documents its own validation shape; ours replaces it everywhere.
+                invalid = operation.get("responses", {}).get("422")
+                if invalid is not None:
+                    invalid["content"] = {"application/json": {"schema": error_ref}}
+                # /metrics is open by default (GATEWAY_PROTECT_METRICS closes it); one document.
+                if path.startswith("/v1/"):
                     operation["security"] = [{"BearerAuth": []}, {"ApiKeyAuth": []}]
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema["components"].get("schemas", {}).pop(unused, None)
         app.openapi_schema = schema
         return schema
 

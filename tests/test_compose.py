@@ -12,7 +12,11 @@ from urllib.parse import urlparse
 
 import jsonschema
 import pytest
-from deploy_files import (
+
+from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, PROFILES
+from build_models.releases import DEFAULT_RELEASE, release
+from gateway.settings import Settings
+from tests.deploy_files import (
     BUILDER_SCRIPT,
     COMPOSE_FILE,
     CPU_OVERRIDE_FILE,
@@ -28,10 +32,6 @@ from deploy_files import (
     stack,
     without_merge_tags,
 )
-
-from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, PROFILES
-from build_models.releases import DEFAULT_RELEASE, release
-from gateway.settings import Settings
 
 COMPOSE_FILES = (COMPOSE_FILE, CPU_OVERRIDE_FILE)
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from deploy_files import BUILDER_SCRIPT, DOCKERFILES, VERSIONS_FILE, read_env_file, stack
+
+from tests.deploy_files import BUILDER_SCRIPT, DOCKERFILES, VERSIONS_FILE, read_env_file, stack
 
 BUILD_TOOLS = re.compile(
     r"\b(build-essential|gcc|g\+\+|clang|make|cmake|python3?-dev|libc6-dev|cargo|rustc)\b"
