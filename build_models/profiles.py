@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,14 +61,28 @@ def _to_kind_cpu(config: mc.ModelConfig) -> None:
         _set_parameter(config, "FORCE_CPU_ONLY_INPUT_TENSORS", "yes")
 
 
-def _to_python_stand_ins(config: mc.ModelConfig, torch_threads: int) -> None:
+# Measured on the 2-core machine (docs/benchmarks.md): single-threaded encoder instances, one per
+# core, serve concurrent traffic faster than one instance using every core, because short texts
+# leave a multi-threaded torch mostly waiting on its own threads.
+CPU_ENCODER_THREADS = 1
+
+
+def cpu_encoder_instances() -> int:
+    """Encoder instances of the CPU profile: one per core, between 2 and 8."""
+    return max(2, min(os.cpu_count() or 2, 8))
+
+
+def _to_python_stand_ins(config: mc.ModelConfig, torch_threads: int | None) -> None:
     if config.name in ("bert", "forest"):
         config.ClearField("platform")
         config.backend = "python"
         for key in list(config.parameters):
             del config.parameters[key]
         if config.name == "bert":
-            _set_parameter(config, "torch_num_threads", str(torch_threads))
+            threads = CPU_ENCODER_THREADS if torch_threads is None else torch_threads
+            _set_parameter(config, "torch_num_threads", str(threads))
+            for group in config.instance_group:
+                group.count = cpu_encoder_instances()
 
 
 def _apply_dimension(config: mc.ModelConfig, dimension: int) -> None:
@@ -87,7 +102,7 @@ def render_config(
     profile: str,
     dimension: int | None = None,
     instances: Mapping[str, int] | None = None,
-    torch_threads: int = 0,
+    torch_threads: int | None = None,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
 ) -> mc.ModelConfig:
     """Return a copy of ``config`` rendered for ``profile``.
@@ -118,7 +133,7 @@ def render_repository(
     profile: str,
     source: Path = DEFAULT_REPOSITORY,
     instances: Mapping[str, int] | None = None,
-    torch_threads: int = 0,
+    torch_threads: int | None = None,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Path:
     """Write a servable repository for ``profile`` into ``destination`` (replaced if present).

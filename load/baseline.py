@@ -27,7 +27,7 @@ from pathlib import Path
 from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
-from gateway.triton.embedded import free_ports
+from gateway.triton.embedded import CPU_RUNTIME_ENV, free_ports
 from load.engine import DEFAULT_TORCH_THREADS, load_pipeline, warm_up
 from load.process import ManagedServer, child_environment
 
@@ -115,6 +115,8 @@ def baseline_server(
     ]
     env = child_environment(
         {
+            # The same OpenMP runtime settings the embedded Triton gets: a like-for-like comparison.
+            **CPU_RUNTIME_ENV,
             "LOAD_BASELINE_REPOSITORY": str(repository.resolve()),
             # The key travels by environment, not argv, so it does not show in `ps`.
             "LOAD_BASELINE_API_KEY": api_key,

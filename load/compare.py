@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import secrets
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 from load.baseline import baseline_server
 from load.engine import DEFAULT_TORCH_THREADS
+from load.process import ManagedServer, child_environment
 from load.raw import DEFAULT_BATCH_SIZES, RawResult, run_raw_benchmark
 from load.report import ColdStart, TargetReport, markdown, plot, ratio_rows, write_json
 from load.runner import run_closed_loop, run_open_loop, time_one_request
@@ -170,42 +172,110 @@ async def run_baseline(
         await asyncio.to_thread(server.stop)
 
 
-async def run_triton(
+async def run_stack(
     config: CompareConfig,
     requests: Sequence[list[str]],
     probe: list[str],
     workdir: Path,
     open_rate: float | None,
-) -> TargetReport:
-    """Measure Triton over gRPC: the server at ``triton_url``, or an embedded one started here."""
-    if config.triton_url:
-        target = TritonGrpcTarget(config.triton_url, timeout_s=config.plan.timeout_s)
-        return await measure_target(target, requests, config.plan, open_rate=open_rate)
+) -> list[TargetReport]:
+    """Measure Triton over gRPC, then the gateway in front of that same Triton.
+
+    Servers given by URL are used as they are. Otherwise an embedded Triton (CPU profile, its own
+    defaults) is started here and, when the gateway is a target, a real ``python -m gateway serve``
+    process in front of it, started only after Triton's phases so the two are never measured at once.
+    """
     from build_models.profiles import render_repository
     from gateway.triton.embedded import EmbeddedTriton
 
-    cpu_repository = render_repository(
-        workdir / "cpu-repository",
-        "cpu",
-        config.repository.resolve(),
-        torch_threads=config.torch_threads,
-    )
-    server = EmbeddedTriton(cpu_repository, workdir / "triton", models=("text_regression",))
-    log.info("triton: starting the embedded server")
-    await asyncio.to_thread(server.start)
+    reports: list[TargetReport] = []
+    server: EmbeddedTriton | None = None
+    triton_url = config.triton_url
+    if triton_url is None and {"triton", "gateway"} & set(config.targets):
+        cpu_repository = render_repository(
+            workdir / "cpu-repository", "cpu", config.repository.resolve()
+        )
+        server = EmbeddedTriton(cpu_repository, workdir / "triton")
+        log.info("triton: starting the embedded server")
+        await asyncio.to_thread(server.start)
+        triton_url = server.grpc_url
+        log.info("triton: ready after %.2f s on %s", server.ready_after or 0, triton_url)
     try:
-        log.info("triton: ready after %.2f s on %s", server.ready_after or 0, server.grpc_url)
-        target = TritonGrpcTarget(server.grpc_url, timeout_s=config.plan.timeout_s)
+        if "triton" in config.targets and triton_url is not None:
+            reports.append(
+                await measure_target(
+                    TritonGrpcTarget(triton_url, timeout_s=config.plan.timeout_s),
+                    requests,
+                    config.plan,
+                    probe=probe if server is not None else None,
+                    ready_after_s=server.ready_after if server is not None else None,
+                    open_rate=open_rate,
+                )
+            )
+            open_rate = open_rate or _offered_rate(reports)
+        if "gateway" in config.targets:
+            if config.gateway_url:
+                given = HttpTarget(
+                    "gateway", config.gateway_url, config.gateway_key or "", config.plan.timeout_s
+                )
+                reports.append(
+                    await measure_target(given, requests, config.plan, open_rate=open_rate)
+                )
+            elif triton_url is not None:
+                reports.append(
+                    await _run_gateway(config, requests, probe, workdir, triton_url, open_rate)
+                )
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+    return reports
+
+
+async def _run_gateway(
+    config: CompareConfig,
+    requests: Sequence[list[str]],
+    probe: list[str],
+    workdir: Path,
+    triton_url: str,
+    open_rate: float | None,
+) -> TargetReport:
+    """Start ``python -m gateway serve`` in front of ``triton_url``, measure it, stop it."""
+    from gateway.auth import new_key
+    from gateway.triton.embedded import free_port
+
+    api_key, entry = new_key(("infer",))
+    port = free_port()
+    env = child_environment(
+        {
+            "GATEWAY_TRITON_GRPC_URL": triton_url,
+            "GATEWAY_PORT": str(port),
+            "GATEWAY_API_KEYS": entry,
+            "GATEWAY_LOG_LEVEL": "warning",
+            "GATEWAY_MAX_TEXTS_PER_REQUEST": str(max(512, config.texts_per_request)),
+        }
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    gateway = ManagedServer(
+        [sys.executable, "-m", "gateway", "serve"],
+        f"{base_url}/readyz",
+        workdir / "gateway.log",
+        env,
+    )
+    log.info("gateway: starting on %s", base_url)
+    await asyncio.to_thread(gateway.start)
+    try:
+        log.info("gateway: ready after %.2f s", gateway.ready_after or 0)
+        target = HttpTarget("gateway", base_url, api_key, timeout_s=config.plan.timeout_s)
         return await measure_target(
             target,
             requests,
             config.plan,
             probe=probe,
-            ready_after_s=server.ready_after,
+            ready_after_s=gateway.ready_after,
             open_rate=open_rate,
         )
     finally:
-        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(gateway.stop)
 
 
 async def run_compare(config: CompareConfig) -> dict[str, Any]:
@@ -232,17 +302,8 @@ async def run_compare(config: CompareConfig) -> dict[str, Any]:
         )
     if "baseline" in config.targets:
         reports.append(await run_baseline(config, requests, probe, workdir))
+    reports.extend(await run_stack(config, requests, probe, workdir, _offered_rate(reports)))
     open_rate = _offered_rate(reports)
-    if "triton" in config.targets:
-        reports.append(await run_triton(config, requests, probe, workdir, open_rate))
-        open_rate = open_rate or _offered_rate(reports)
-    if "gateway" in config.targets and config.gateway_url:
-        target = HttpTarget(
-            "gateway", config.gateway_url, config.gateway_key or "", timeout_s=config.plan.timeout_s
-        )
-        reports.append(await measure_target(target, requests, config.plan, open_rate=open_rate))
-    elif "gateway" in config.targets:
-        log.info("gateway: skipped (no --gateway-url given)")
 
     plan = config.plan
     low, high = (min(plan.concurrencies), max(plan.concurrencies)) if plan.concurrencies else (1, 1)

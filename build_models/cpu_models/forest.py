@@ -24,7 +24,10 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> list[Any]:
         features = [pb_utils.get_input_tensor_by_name(r, "input__0").as_numpy() for r in requests]
         stacked = np.ascontiguousarray(np.concatenate(features), dtype=np.float32)
-        scores = np.asarray(treelite.gtil.predict(self.forest, stacked), dtype=np.float32)
+        # One thread: a second OpenMP pool spinning next to torch starves the encoder on a small CPU.
+        scores = np.asarray(
+            treelite.gtil.predict(self.forest, stacked, nthread=1), dtype=np.float32
+        )
         scores = scores.reshape(len(stacked), 1)
         responses = []
         start = 0

@@ -30,6 +30,9 @@ from pathlib import Path
 from types import TracebackType
 
 DEFAULT_MODELS = ("text_regression", "text_embedding")
+# Several stub processes share few cores: OpenMP threads that spin while idle (libgomp's default)
+# starve the other stages. Measured on 2 cores: 3x the throughput at 16 clients (docs/benchmarks.md).
+CPU_RUNTIME_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 40
 
@@ -214,6 +217,7 @@ class EmbeddedTriton:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
         # Python-backend models must import this environment's packages.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env.update({k: v for k, v in CPU_RUNTIME_ENV.items() if k not in env})
         return env
 
     def start(self) -> EmbeddedTriton:
