@@ -166,8 +166,8 @@ def test_embedded_triton_exports_the_expected_metrics(triton: EmbeddedTriton) ->
 def test_gateway_app_exports_the_expected_metrics() -> None:
     # Needs gateway.app (the lead's work); fails with ModuleNotFoundError until it lands.
     from fastapi.testclient import TestClient
-    from gateway.app import create_app
 
+    from gateway.app import create_app
     from gateway.settings import Settings
 
     client = TestClient(create_app(Settings()))
@@ -182,7 +182,6 @@ def test_gateway_app_exports_the_expected_metrics() -> None:
 def test_gateway_app_serves_the_paths_the_stack_uses(path: str) -> None:
     # Needs gateway.app (the lead's work); fails with ModuleNotFoundError until it lands.
     from gateway.app import create_app
-
     from gateway.settings import Settings
 
     paths = {getattr(route, "path", None) for route in create_app(Settings()).routes}
