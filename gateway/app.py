@@ -28,6 +28,7 @@ from gateway.routes import router as api_router
 from gateway.service import InferenceService
 from gateway.settings import Settings
 from gateway.triton.client import TritonClient
+from gateway.triton.shm import SharedMemoryManager
 
 log = logging.getLogger(__name__)
 
@@ -116,18 +117,28 @@ def create_app(settings: Settings | None = None, connect_hooks: list[Any] | None
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = TritonClient(settings.triton_grpc_url, settings.retry_after_s)
-        monitor = ReadinessMonitor(client, settings, metrics, connect_hooks)
+        shm = SharedMemoryManager.from_settings(client.grpc, settings, metrics)
+        client.shm = shm
+        # Shared memory is (re)registered after every (re)connection, before the warm-up.
+        hooks = ([shm.connect] if shm is not None else []) + list(connect_hooks or [])
+        monitor = ReadinessMonitor(client, settings, metrics, hooks)
         app.state.monitor = monitor
         app.state.service = InferenceService(client, settings, metrics, monitor)
         monitor.start()
         log.info(
             "gateway started",
-            extra={"triton": settings.triton_grpc_url, "keys": len(app.state.keyring)},
+            extra={
+                "triton": settings.triton_grpc_url,
+                "keys": len(app.state.keyring),
+                "transport": settings.transport,
+            },
         )
         try:
             yield
         finally:
             await monitor.stop()
+            if shm is not None:
+                await shm.close()
             await client.close()
             log.info("gateway stopped")
 

@@ -108,7 +108,8 @@ class InferenceService:
         limit = state.max_batch_size.get(model) or len(texts)
         chunks = [texts[start : start + limit] for start in range(0, len(texts), limit)]
         started = time.perf_counter()
-        transport = "grpc"
+        # The transports the chunks really used ("grpc" for any that fell back from shm).
+        transports: set[str] = set()
         try:
             outcomes = await all_or_nothing(
                 [
@@ -123,6 +124,7 @@ class InferenceService:
                     for index, chunk in enumerate(chunks)
                 ]
             )
+            transports.update(outcome.transport for outcome in outcomes)
         except errors.GatewayError as exc:
             self.metrics.triton_errors.labels(model, exc.upstream_status or exc.code).inc()
             raise
@@ -132,8 +134,9 @@ class InferenceService:
             if timings is not None:
                 timings.triton_seconds += elapsed
                 timings.triton_calls += len(chunks)
-                timings.transports.add(transport)
-        self.metrics.triton_latency.labels(model, transport).observe(elapsed)
+                timings.transports.update(transports)
+        # Mixed only when some chunks of one request fell back: e.g. "grpc+system_shm".
+        self.metrics.triton_latency.labels(model, "+".join(sorted(transports))).observe(elapsed)
         versions = {outcome.model_version for outcome in outcomes}
         values = (
             outcomes[0].array if len(outcomes) == 1 else np.concatenate([o.array for o in outcomes])

@@ -52,8 +52,15 @@ class Settings(BaseSettings):
     shm_region_bytes: int = Field(4 * 1024 * 1024, ge=4096)
     shm_pool_size: int = Field(8, ge=1)
     shm_acquire_timeout_s: float = Field(0.05, ge=0)
-    shm_auto_min_bytes: int = Field(65_536, ge=0)
+    shm_auto_min_bytes: int = Field(
+        65_536, ge=0, description="auto: smallest payload (input + output bytes) sent through shm"
+    )
     cuda_device_id: int = Field(0, ge=0)
+    # Region names start with this stable prefix; stale regions left by a crashed gateway of the
+    # same deployment are recognised by it (and by a lock that no live process holds).
+    shm_prefix: str = Field("textscore-gw", pattern=r"^[A-Za-z0-9.-]{1,40}$")
+    # auto: treat Triton as being on this host even if its URL is not loopback (shared IPC).
+    shm_same_host: bool = False
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -39,12 +39,15 @@ class RunningGateway:
     def wait_ready(self, timeout: float = 60) -> None:
         """Block until /readyz says 200."""
         deadline = time.monotonic() + timeout
+        reason = "no answer"
         with httpx.Client(base_url=self.base_url) as client:
             while time.monotonic() < deadline:
-                if client.get("/readyz").status_code == 200:
+                response = client.get("/readyz")
+                if response.status_code == 200:
                     return
+                reason = response.text
                 time.sleep(0.1)
-        raise TimeoutError("gateway not ready")
+        raise TimeoutError(f"gateway not ready: {reason}")
 
 
 @contextmanager

@@ -15,10 +15,12 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from gateway import errors
-from gateway.triton.codecs import text_input
+from gateway.triton.codecs import TEXT_INPUT, serialize_bytes, text_input
+from gateway.triton.shm import FLOAT32_BYTES, Lease, SharedMemoryManager
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,10 @@ STATUS_TO_ERROR: dict[grpc.StatusCode, type[errors.GatewayError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.UpstreamInvalidArgument,
     grpc.StatusCode.NOT_FOUND: errors.ModelNotFound,
 }
+
+# Statuses the client side produces while Triton may still be running the request (and writing
+# its output into a shared-memory region): the region must not be reused after them.
+UNFINISHED_STATUSES = {"DEADLINE_EXCEEDED", "CANCELLED", "UNAVAILABLE", "UNKNOWN", None}
 
 # Reconnect quickly after Triton restarts (gRPC's default backoff grows to 120 s).
 CHANNEL_ARGS = [
@@ -69,6 +75,7 @@ class InferOutcome:
 
     array: npt.NDArray[np.float32]
     model_version: str
+    transport: str = "grpc"
 
 
 class TritonClient:
@@ -78,6 +85,15 @@ class TritonClient:
         self.url = url
         self.retry_after_s = retry_after_s
         self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+        # FP32 elements per text of each (model, output), from the model config: the size of an
+        # output placed in shared memory must be known before the request.
+        self.output_elements: dict[tuple[str, str], int] = {}
+        self.shm: SharedMemoryManager | None = None
+
+    @property
+    def grpc(self) -> Any:
+        """The underlying ``tritonclient.grpc.aio`` client (for the shared-memory manager)."""
+        return self._client
 
     async def close(self) -> None:
         """Close the channel."""
@@ -104,8 +120,15 @@ class TritonClient:
         return True, "ok"
 
     async def max_batch_size(self, model: str, timeout_s: float) -> int:
-        """The model's ``max_batch_size`` from its configuration in Triton."""
+        """The model's ``max_batch_size`` from its configuration in Triton.
+
+        Also remembers the per-text size of its fixed-shape FP32 outputs (``output_elements``).
+        """
         answer = await self._call(self._client.get_model_config(model, client_timeout=timeout_s))
+        for output in answer.config.output:
+            dims = [int(d) for d in output.dims]
+            if output.data_type == model_config_pb2.TYPE_FP32 and dims and all(d > 0 for d in dims):
+                self.output_elements[(model, output.name)] = int(np.prod(dims))
         return int(answer.config.max_batch_size)
 
     async def repository_index(self, timeout_s: float) -> list[dict[str, str]]:
@@ -125,7 +148,19 @@ class TritonClient:
         timeout_s: float | None = None,
         request_id: str = "",
     ) -> InferOutcome:
-        """Send ``texts`` to ``model`` and return its ``output`` tensor (cancellable)."""
+        """Send ``texts`` to ``model`` and return its ``output`` tensor (cancellable).
+
+        Uses a shared-memory slot when the configured transport picks one for this payload, else
+        carries the tensors in the gRPC messages.
+        """
+        elements = self.output_elements.get((model, output))
+        if self.shm is not None and elements is not None:
+            payload = serialize_bytes(texts)
+            lease = await self.shm.acquire(len(payload), len(texts) * elements * FLOAT32_BYTES)
+            if lease is not None:
+                return await self._infer_shm(
+                    lease, payload, model, texts, output, model_version, timeout_s, request_id
+                )
         result = await self._call(
             self._client.infer(
                 model,
@@ -140,3 +175,54 @@ class TritonClient:
         if array is None or len(array) != len(texts):
             raise errors.UpstreamError(f"Triton returned no complete '{output}' tensor")
         return InferOutcome(array, result.get_response().model_version)
+
+    async def _infer_shm(
+        self,
+        lease: Lease,
+        payload: bytes,
+        model: str,
+        texts: Sequence[str],
+        output: str,
+        model_version: str,
+        timeout_s: float | None,
+        request_id: str,
+    ) -> InferOutcome:
+        assert self.shm is not None
+        # Until Triton has answered, it may write into the slot: released only in the finally,
+        # and as "finished" only once a response (or a server-side error status) came back.
+        finished = False
+        try:
+            lease.slot.write(lease.input, payload)
+            tensor = grpcclient.InferInput(TEXT_INPUT, [len(texts), 1], "BYTES")
+            tensor.set_shared_memory(lease.input.region, lease.input.byte_size, lease.input.offset)
+            requested = grpcclient.InferRequestedOutput(output)
+            requested.set_shared_memory(
+                lease.output.region, lease.output.byte_size, lease.output.offset
+            )
+            try:
+                result = await self._call(
+                    self._client.infer(
+                        model,
+                        [tensor],
+                        model_version=model_version,
+                        outputs=[requested],
+                        request_id=request_id,
+                        client_timeout=timeout_s,
+                    )
+                )
+            except errors.GatewayError as exc:
+                finished = exc.upstream_status not in UNFINISHED_STATUSES
+                raise
+            finished = True
+            # as_numpy() cannot read an output placed in shared memory: read the slot.
+            shape = [int(d) for d in result.get_output(output).shape]
+            if (
+                not shape
+                or shape[0] != len(texts)
+                or int(np.prod(shape)) * FLOAT32_BYTES > (lease.output.byte_size)
+            ):
+                raise errors.UpstreamError(f"Triton returned no complete '{output}' tensor")
+            array = lease.slot.read_float32(lease.output, shape)
+            return InferOutcome(array, result.get_response().model_version, lease.transport)
+        finally:
+            self.shm.release(lease, finished)
