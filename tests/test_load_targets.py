@@ -74,7 +74,8 @@ def test_raw_benchmark_smoke(built_repository: Path) -> None:
 async def test_compare_writes_json_png_and_table(
     built_repository: Path, triton: EmbeddedTriton, tmp_path: Path
 ) -> None:
-    # Triton is the session's server (--triton-url); raw and baseline are the tool's own.
+    # Triton is the session's server (--triton-url); raw, baseline and a gateway in front of
+    # that Triton are started by the tool.
     config = CompareConfig(
         repository=built_repository,
         results_dir=tmp_path,
@@ -87,7 +88,9 @@ async def test_compare_writes_json_png_and_table(
     document = await run_compare(config)
     run_dir = Path(document["run_dir"])
     saved = json.loads((run_dir / "results.json").read_text())
-    assert [target["name"] for target in saved["targets"]] == ["baseline", "triton"]
+    assert [target["name"] for target in saved["targets"]] == ["baseline", "triton", "gateway"]
+    gateway = saved["targets"][2]
+    assert gateway["cold_start"]["ready_after_s"] > 0
     assert (run_dir / "results.png").stat().st_size > 10_000
     assert "| comparison |" in document["markdown"]
     assert "raw in-process best" in document["markdown"]
