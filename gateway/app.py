@@ -159,9 +159,7 @@ def create_app(settings: Settings | None = None, connect_hooks: list[Any] | None
 
     async def metrics_endpoint(request: Request) -> Response:
         if settings.protect_metrics:
-            authenticate(
-                request, request.headers.get("authorization"), request.headers.get("x-api-key")
-            )
+            authenticate(request)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route(

@@ -9,7 +9,13 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.deps import DeadlineDep, InferencePrincipal, RequestIdDep, ServiceDep, SettingsDep
+from gateway.deps import (
+    REQUEST_TIMEOUT_PARAMETER,
+    InferenceContextDep,
+    InferencePrincipal,
+    ServiceDep,
+    SettingsDep,
+)
 from gateway.responses import OrjsonResponse
 from gateway.schemas import (
     EmbedRequest,
@@ -76,25 +82,22 @@ async def _wait_for_disconnect(request: Request) -> None:
     tags=["inference"],
     response_model=PredictResponse,
     responses=INFERENCE_ERRORS,
+    openapi_extra={"parameters": [REQUEST_TIMEOUT_PARAMETER]},
 )
-async def predict(
-    body: PredictRequest,
-    request: Request,
-    service: ServiceDep,
-    request_id: RequestIdDep,
-    timeout_s: DeadlineDep,
-    _: InferencePrincipal,
-) -> Response:
+async def predict(body: PredictRequest, request: Request, context: InferenceContextDep) -> Response:
     """Run the texts through the text-regression ensemble; one score per text, in order."""
     result = await until_disconnected(
-        request, service.predict(body.texts, body.model_version, timeout_s, request_id)
+        request,
+        context.service.predict(
+            body.texts, body.model_version, context.timeout_s, context.request_id
+        ),
     )
     return OrjsonResponse(
         {
             "model_name": result.model_name,
             "model_version": result.model_version,
             "scores": result.values,
-            "request_id": request_id,
+            "request_id": context.request_id,
         }
     )
 
@@ -106,18 +109,15 @@ async def predict(
     tags=["inference"],
     response_model=EmbedResponse,
     responses=INFERENCE_ERRORS,
+    openapi_extra={"parameters": [REQUEST_TIMEOUT_PARAMETER]},
 )
-async def embed(
-    body: EmbedRequest,
-    request: Request,
-    service: ServiceDep,
-    request_id: RequestIdDep,
-    timeout_s: DeadlineDep,
-    _: InferencePrincipal,
-) -> Response:
+async def embed(body: EmbedRequest, request: Request, context: InferenceContextDep) -> Response:
     """Run the texts through the text-embedding ensemble; one L2-normalised vector per text."""
     result = await until_disconnected(
-        request, service.embed(body.texts, body.model_version, timeout_s, request_id)
+        request,
+        context.service.embed(
+            body.texts, body.model_version, context.timeout_s, context.request_id
+        ),
     )
     return OrjsonResponse(
         {
@@ -125,7 +125,7 @@ async def embed(
             "model_version": result.model_version,
             "dimension": int(result.values.shape[1]),
             "embeddings": result.values,
-            "request_id": request_id,
+            "request_id": context.request_id,
         }
     )
 

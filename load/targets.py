@@ -12,8 +12,9 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 import numpy as np
+import orjson
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 REGRESSION_MODEL = "text_regression"
@@ -71,39 +72,44 @@ class HttpTarget(Target):
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.max_connections = max_connections
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        """Open a pooled client (keep-alive connections, as a real app would hold)."""
-        limits = httpx.Limits(
-            max_connections=self.max_connections, max_keepalive_connections=self.max_connections
-        )
-        self._client = httpx.AsyncClient(
+        """Open a pooled session (keep-alive connections, as a real app would hold).
+
+        aiohttp rather than httpx: measured at concurrency 1 against the gateway, httpx's own
+        overhead was about 2.3 ms per request more, which the tool would charge to the server.
+        """
+        self._session = aiohttp.ClientSession(
             base_url=self.base_url,
             headers={"X-API-Key": self.api_key, "Content-Type": "application/json"},
-            timeout=self.timeout_s,
-            limits=limits,
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            connector=aiohttp.TCPConnector(limit=self.max_connections),
         )
 
     async def close(self) -> None:
-        """Close the client."""
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        """Close the session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def score(self, texts: list[str]) -> None:
         """POST one request and check that one score came back per text."""
-        assert self._client is not None, "open() the target first"
+        assert self._session is not None, "open() the target first"
         try:
-            response = await self._client.post("/v1/predict", json={"texts": texts})
-        except httpx.TimeoutException as error:
+            async with self._session.post(
+                "/v1/predict", data=orjson.dumps({"texts": texts})
+            ) as answer:
+                body = await answer.read()
+                status = answer.status
+        except TimeoutError as error:
             raise RequestFailed("timeout", str(error)) from error
-        except httpx.TransportError as error:
+        except aiohttp.ClientError as error:
             raise RequestFailed("connection", type(error).__name__) from error
-        if response.status_code != 200:
-            raise RequestFailed(f"http_{response.status_code}", response.text[:200])
+        if status != 200:
+            raise RequestFailed(f"http_{status}", body[:200].decode(errors="replace"))
         try:
-            scores = response.json()["scores"]
+            scores = orjson.loads(body)["scores"]
         except (ValueError, KeyError, TypeError) as error:
             raise RequestFailed("bad_body", str(error)) from error
         if len(scores) != len(texts):
