@@ -39,6 +39,7 @@ VARIANTS = [
     Variant("libgomp default waits, 2 threads x 1 encoder", 2, 1, 2000, "ACTIVE"),
     Variant("passive OpenMP waits, 2 threads x 1 encoder", 2, 1, 2000, "PASSIVE"),
     Variant("passive, 1 thread x 1 encoder", 1, 1, 2000, "PASSIVE"),
+    Variant("libgomp default waits, 1 thread x 2 encoders", 1, 2, 2000, "ACTIVE"),
     Variant("passive, 1 thread x 2 encoders (profile default)", 1, 2, 2000, "PASSIVE"),
     Variant("passive, 1 thread x 2 encoders, bert delay 0", 1, 2, 0, "PASSIVE"),
     Variant("passive, 1 thread x 3 encoders", 1, 3, 2000, "PASSIVE"),
