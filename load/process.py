@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -14,18 +11,11 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
+from gateway.triton.embedded import die_with_parent, stop_process_group
 
 
 class ServerStartError(RuntimeError):
     """The child exited or never became healthy; the message quotes its log."""
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: the kernel kills it if the tool dies.
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class ManagedServer:
@@ -59,7 +49,7 @@ class ManagedServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # runs between fork and exec
+                preexec_fn=die_with_parent,  # runs between fork and exec
             )
         atexit.register(self.stop)
         deadline = started + self.startup_timeout_s
@@ -93,20 +83,11 @@ class ManagedServer:
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after ``timeout_s``; return the exit code."""
-        process = self.process
-        if process is None:
+        if self.process is None:
             return None
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        code = stop_process_group(self.process, timeout_s)
         atexit.unregister(self.stop)
-        return process.returncode
+        return code
 
     def __enter__(self) -> ManagedServer:
         return self.start()

@@ -142,11 +142,25 @@ def prepare_server(workdir: Path) -> Path:
     return target / "bin" / "tritonserver"
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: the kernel kills the server when we die.
+def die_with_parent() -> None:
+    """``preexec_fn`` for a child that must not outlive us: the kernel SIGKILLs it when we die."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM ``process``'s group, SIGKILL it after ``timeout``; return the exit code."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode
 
 
 class EmbeddedTriton:
@@ -251,7 +265,7 @@ class EmbeddedTriton:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         finally:
             log.close()
@@ -307,20 +321,11 @@ class EmbeddedTriton:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM the server's process group, SIGKILL it after ``timeout``; return its exit code."""
-        process = self.process
-        if process is None:
+        if self.process is None:
             return None
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        code = stop_process_group(self.process, timeout)
         atexit.unregister(self.stop)
-        return process.returncode
+        return code
 
     def kill(self) -> None:
         """SIGKILL the server at once (for failure tests)."""
