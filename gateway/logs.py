@@ -11,7 +11,11 @@ import orjson
 
 from gateway.context import request_id_var
 
-_STANDARD_ATTRIBUTES = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
+# Record attributes that are not "extra" fields (uvicorn's ANSI-coloured duplicate included).
+_STANDARD_ATTRIBUTES = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
