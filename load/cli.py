@@ -1,7 +1,7 @@
 """``python -m load``: compare every target in one run, drive one target, or benchmark in-process.
 
 Subcommands:
-  compare   raw in-process + naive baseline + Triton (+ gateway when --gateway-url is given),
+  compare   raw in-process + naive baseline + Triton + the gateway in front of that Triton,
             one after the other on this machine; prints the ratio table, writes JSON + PNG.
   run       one target (gateway, triton or baseline), closed and/or open loop.
   raw       the in-process pipeline at several batch sizes (the machine's limit).
@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from load.compare import DEFAULT_RESULTS, CompareConfig, PhasePlan, run_compare
 from load.engine import DEFAULT_TORCH_THREADS
@@ -133,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="host:port of a running Triton gRPC (default: start an embedded one)",
     )
     compare.add_argument(
-        "--gateway-url", default=None, help="e.g. http://127.0.0.1:8000 (omit: skipped)"
+        "--gateway-url",
+        default=None,
+        help="a running gateway, e.g. http://127.0.0.1:8000 (omit: one is started here)",
     )
     compare.add_argument(
         "--gateway-key", default=None, help=f"API key (better: env {GATEWAY_KEY_ENV})"
@@ -149,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--url",
         default=None,
-        help="gateway: http://127.0.0.1:PORT; triton: 127.0.0.1:PORT (default: start one)",
+        help="gateway: http://127.0.0.1:PORT; triton: 127.0.0.1:PORT (default: start it here)",
     )
     run.add_argument("--api-key", default=None, help=f"gateway key (better: env {GATEWAY_KEY_ENV})")
     run.add_argument("--repository", type=Path, default=Path("model_repository"))
@@ -172,54 +175,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config(args: argparse.Namespace, **specific: Any) -> CompareConfig:
+    """The parts of a run's configuration that `compare` and `run` share, plus ``specific``."""
+    return CompareConfig(
+        repository=args.repository,
+        results_dir=args.results,
+        plan=_plan(args),
+        texts_per_request=args.texts_per_request,
+        request_pool=args.request_pool,
+        mix=_mix(args),
+        torch_threads=args.torch_threads,
+        **specific,
+    )
+
+
+def _execute(config: CompareConfig) -> int:
+    document = asyncio.run(run_compare(config))
+    print(document["markdown"])
+    print(f"written: {document['run_dir']}/results.json, results.png, summary.md")
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     targets = [item.strip() for item in args.targets.split(",") if item.strip()]
     unknown = set(targets) - {"raw", "baseline", "triton", "gateway"}
     if unknown:
         raise SystemExit(f"unknown targets: {sorted(unknown)}")
-    config = CompareConfig(
-        repository=args.repository,
-        results_dir=args.results,
-        plan=_plan(args),
-        texts_per_request=args.texts_per_request,
-        request_pool=args.request_pool,
-        mix=_mix(args),
-        raw_batch_sizes=args.raw_batch_sizes,
-        raw_seconds=args.raw_seconds,
-        torch_threads=args.torch_threads,
-        targets=targets,
-        triton_url=args.triton_url,
-        gateway_url=args.gateway_url,
-        gateway_key=args.gateway_key or os.environ.get(GATEWAY_KEY_ENV),
+    return _execute(
+        _config(
+            args,
+            raw_batch_sizes=args.raw_batch_sizes,
+            raw_seconds=args.raw_seconds,
+            targets=targets,
+            triton_url=args.triton_url,
+            gateway_url=args.gateway_url,
+            gateway_key=args.gateway_key or os.environ.get(GATEWAY_KEY_ENV),
+        )
     )
-    document = asyncio.run(run_compare(config))
-    print(document["markdown"])
-    print(f"written: {document['run_dir']}/results.json, results.png, summary.md")
-    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    # One target is a compare run restricted to it: same phases, same report files.
-    key = args.api_key or os.environ.get(GATEWAY_KEY_ENV)
-    if args.target == "gateway" and not args.url:
-        raise SystemExit("run gateway needs --url http://127.0.0.1:PORT (and a key)")
-    config = CompareConfig(
-        repository=args.repository,
-        results_dir=args.results,
-        plan=_plan(args),
-        texts_per_request=args.texts_per_request,
-        request_pool=args.request_pool,
-        mix=_mix(args),
-        torch_threads=args.torch_threads,
-        targets=[args.target],
-        triton_url=args.url if args.target == "triton" else None,
-        gateway_url=args.url if args.target == "gateway" else None,
-        gateway_key=key,
+    # One target is a compare run restricted to it: same phases, same report files. Without
+    # --url the tool starts what the target needs (the gateway: an embedded Triton behind it).
+    return _execute(
+        _config(
+            args,
+            targets=[args.target],
+            triton_url=args.url if args.target == "triton" else None,
+            gateway_url=args.url if args.target == "gateway" else None,
+            gateway_key=args.api_key or os.environ.get(GATEWAY_KEY_ENV),
+        )
     )
-    document = asyncio.run(run_compare(config))
-    print(document["markdown"])
-    print(f"written: {document['run_dir']}/results.json, results.png, summary.md")
-    return 0
 
 
 def _raw(args: argparse.Namespace) -> int:
