@@ -8,8 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(realpath "${1:-model_repository}")
 OUT=$(realpath -m "${2:-load/results/gpu-$(date +%Y%m%d-%H%M%S)}")
-SERVER_IMAGE=${SERVER_IMAGE:-nvcr.io/nvidia/tritonserver:24.10-py3}
-SDK_IMAGE=${SDK_IMAGE:-nvcr.io/nvidia/tritonserver:24.10-py3-sdk}
+# Versions come from the one place the compose stack reads them from.
+# shellcheck source=deploy/versions.env
+set -a; . deploy/versions.env; set +a
+# The plain NGC image lacks what preprocess imports (tokenizers, cupy): build the stack's image.
+if [ -z "${SERVER_IMAGE:-}" ]; then
+  SERVER_IMAGE=textscore-triton:bench
+  docker build -q -t "$SERVER_IMAGE" --build-arg TRITON_RELEASE="$TRITON_RELEASE" \
+    --build-arg TOKENIZERS_VERSION="$TOKENIZERS_VERSION" --build-arg CUPY_VERSION="$CUPY_VERSION" \
+    deploy/triton >/dev/null
+fi
+SDK_IMAGE=${SDK_IMAGE:-nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3-sdk}
 BATCH=${BATCH:-512}
 NAME=textscore-gpu-bench-$$
 mkdir -p "$OUT"

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_files import BUILDER_SCRIPT, DOCKERFILES, VERSIONS_FILE, read_env_file, stack
+from tests.deploy_files import (
+    BUILDER_SCRIPT,
+    DOCKERFILES,
+    ROOT,
+    VERSIONS_FILE,
+    read_env_file,
+    stack,
+)
 
 BUILD_TOOLS = re.compile(
     r"\b(build-essential|gcc|g\+\+|clang|make|cmake|python3?-dev|libc6-dev|cargo|rustc)\b"
@@ -67,9 +74,22 @@ def test_hadolint_passes(name: str) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_shellcheck_passes_on_the_builder_script() -> None:
+SHELL_SCRIPTS = [
+    BUILDER_SCRIPT,
+    ROOT / ".ci" / "run",
+    *sorted((ROOT / "load").glob("*.sh")),
+    *sorted((ROOT / "tests" / "gpu").glob("*.sh")),
+]
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda path: path.name)
+def test_shellcheck_passes_on_every_shell_script(script: Path) -> None:
     run = subprocess.run(
-        [tool("shellcheck"), str(BUILDER_SCRIPT)], capture_output=True, text=True, check=False
+        [tool("shellcheck"), "-x", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stdout + run.stderr
 
