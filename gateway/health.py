@@ -121,7 +121,9 @@ class ReadinessMonitor:
     async def _warm_up(self) -> None:
         sizes = {}
         for model in self.models:
-            sizes[model] = await self.client.max_batch_size(model, self.settings.request_timeout_s)
+            sizes[model] = await self.client.read_model_config(
+                model, self.settings.request_timeout_s
+            )
         # A real request through each ensemble: the first one after a (re)start must not be slow.
         await self.client.infer_texts(
             self.settings.regression_model,

@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gateway.triton.embedded import die_with_parent, stop_process_group
+from gateway.triton.embedded import launch_logged_child, log_tail, stop_process_group
 
 
 class ServerStartError(RuntimeError):
@@ -41,16 +41,7 @@ class ManagedServer:
         """Launch, block until healthy; ``ready_after`` = seconds from launch to healthy."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent,  # runs between fork and exec
-            )
+        self.process = launch_logged_child(self.command, self.env, self.log_path)
         atexit.register(self.stop)
         deadline = started + self.startup_timeout_s
         while time.monotonic() < deadline:
@@ -76,10 +67,7 @@ class ManagedServer:
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the child's output."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after ``timeout_s``; return the exit code."""

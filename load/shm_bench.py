@@ -58,7 +58,7 @@ async def measure(
     try:
         await manager.connect()
         for client in (plain, shm_client):
-            await client.max_batch_size(MODEL, 30)
+            await client.read_model_config(MODEL, 30)
         for n in SIZES:
             batch = texts(n)
             payload = len(serialize_bytes(batch)) + n * DIM * 4

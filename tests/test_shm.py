@@ -260,7 +260,7 @@ async def test_cancelled_request_never_returns_its_region_to_the_pool(
     client.shm = manager
     try:
         await manager.connect()
-        await client.max_batch_size("text_embedding", 10)
+        await client.read_model_config("text_embedding", 10)
         pool = manager.pools["system_shm"]
         (slot,) = pool.live
         # About a second of encoder work on a 2-core CPU: long enough to cancel mid-call.

@@ -119,8 +119,8 @@ class TritonClient:
             return False, f"Triton unreachable at {self.url}: {grpc_status(exc) or exc}"
         return True, "ok"
 
-    async def max_batch_size(self, model: str, timeout_s: float) -> int:
-        """The model's ``max_batch_size`` from its configuration in Triton.
+    async def read_model_config(self, model: str, timeout_s: float) -> int:
+        """Read the model's configuration from Triton; return its ``max_batch_size``.
 
         Also remembers the per-text size of its fixed-shape FP32 outputs (``output_elements``).
         """

@@ -24,7 +24,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -149,6 +149,31 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def launch_logged_child(
+    command: Sequence[str], env: Mapping[str, str] | None, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in its own process group, output to ``log_path``, dying with us."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(command),
+            env=dict(env) if env is not None else None,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+
+
+def log_tail(log_path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a child's log."""
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
 def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> int:
     """SIGTERM ``process``'s group, SIGKILL it after ``timeout``; return the exit code."""
     if process.poll() is None:
@@ -256,27 +281,14 @@ class EmbeddedTriton:
     def _launch(self, binary: Path) -> None:
         self.started_at = time.monotonic()
         self.ready_after = None
-        log = self.log_path.open("wb")
-        try:
-            self.process = subprocess.Popen(
-                self.command(binary),
-                env=self.environment(binary),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        finally:
-            log.close()
+        self.process = launch_logged_child(
+            self.command(binary), self.environment(binary), self.log_path
+        )
         atexit.register(self.stop)
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The last lines of the server log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no server log)"
+        return log_tail(self.log_path, lines)
 
     def _failure(self) -> EmbeddedTritonError:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
