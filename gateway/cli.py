@@ -38,10 +38,10 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
     import uvicorn
 
     from build_models.profiles import render_repository
+    from devtools.triton import EmbeddedTriton
     from gateway.app import create_app
     from gateway.auth import new_key
     from gateway.logs import configure_logging
-    from gateway.triton.embedded import EmbeddedTriton
 
     if not (repository / "build-manifest.json").is_file():
         print(

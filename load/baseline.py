@@ -27,9 +27,10 @@ from pathlib import Path
 from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
-from gateway.triton.embedded import CPU_RUNTIME_ENV, free_ports
+from devtools.ports import free_ports
+from devtools.process import ManagedServer, child_environment
+from devtools.triton import CPU_RUNTIME_ENV
 from load.engine import DEFAULT_TORCH_THREADS, load_pipeline, warm_up
-from load.process import ManagedServer, child_environment
 
 MAX_TEXTS_PER_REQUEST = 512
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

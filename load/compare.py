@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devtools.process import ManagedServer, child_environment
 from load.baseline import baseline_server
 from load.engine import DEFAULT_TORCH_THREADS
-from load.process import ManagedServer, child_environment
 from load.raw import DEFAULT_BATCH_SIZES, RawResult, run_raw_benchmark
 from load.report import ColdStart, TargetReport, markdown, plot, ratio_rows, write_json
 from load.runner import run_closed_loop, run_open_loop, time_one_request
@@ -186,7 +186,7 @@ async def run_stack(
     process in front of it, started only after Triton's phases so the two are never measured at once.
     """
     from build_models.profiles import render_repository
-    from gateway.triton.embedded import EmbeddedTriton
+    from devtools.triton import EmbeddedTriton
 
     reports: list[TargetReport] = []
     server: EmbeddedTriton | None = None
@@ -240,8 +240,8 @@ async def _run_gateway(
     open_rate: float | None,
 ) -> TargetReport:
     """Start ``python -m gateway serve`` in front of ``triton_url``, measure it, stop it."""
+    from devtools.ports import free_port
     from gateway.auth import new_key
-    from gateway.triton.embedded import free_port
 
     api_key, entry = new_key(("infer",))
     port = free_port()

@@ -19,11 +19,11 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from build_models.profiles import render_repository
+from devtools.triton import EmbeddedTriton
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.triton.client import TritonClient
 from gateway.triton.codecs import serialize_bytes
-from gateway.triton.embedded import EmbeddedTriton
 from gateway.triton.shm import SharedMemoryManager
 
 MODEL, OUTPUT, DIM = "text_embedding", "embedding", 384

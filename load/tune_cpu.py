@@ -18,7 +18,7 @@ from pathlib import Path
 
 from build_models.pipeline import DEFAULT_REPOSITORY
 from build_models.profiles import render_repository
-from gateway.triton.embedded import EmbeddedTriton
+from devtools.triton import EmbeddedTriton
 from load.runner import run_closed_loop
 from load.targets import TritonGrpcTarget
 from load.workload import make_requests

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from build_models.profiles import MODELS, render_repository
-from gateway.triton.embedded import EmbeddedTriton
+from devtools.triton import EmbeddedTriton
 from tests.gateway_support import RunningGateway, running_gateway
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import uvicorn
 
+from devtools.ports import free_port
 from gateway.app import create_app
 from gateway.auth import new_key
 from gateway.settings import Settings
-from gateway.triton.embedded import free_port
 
 
 @dataclass

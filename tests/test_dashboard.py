@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.triton.embedded import EmbeddedTriton
+from devtools.triton import EmbeddedTriton
 from tests.deploy_files import DASHBOARD_FILE, GATEWAY_PATHS, GRAFANA_PROVISIONING, load_yaml
 
 # name on the "# TYPE" line -> type. The gateway's metrics: prometheus-fastapi-instrumentator's

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.triton import embedded
-from gateway.triton.embedded import (
+from devtools import triton as embedded
+from devtools.ports import free_ports
+from devtools.triton import (
     EmbeddedTriton,
     EmbeddedTritonError,
     ModelLoadError,
@@ -27,7 +28,7 @@ def test_port_in_use_is_reported(cpu_repository: Path, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        http, grpc_port, metrics = taken.getsockname()[1], *embedded.free_ports(2)
+        http, grpc_port, metrics = taken.getsockname()[1], *free_ports(2)
         server = EmbeddedTriton(
             cpu_repository,
             tmp_path,
@@ -85,7 +86,7 @@ def test_server_dies_with_its_parent(cpu_repository: Path, tmp_path: Path) -> No
             textwrap.dedent(
                 f"""
                 import pathlib, time
-                from gateway.triton.embedded import EmbeddedTriton
+                from devtools.triton import EmbeddedTriton
                 server = EmbeddedTriton(pathlib.Path({str(cpu_repository)!r}),
                                         pathlib.Path({str(tmp_path / "work")!r}),
                                         models=["text_embedding"]).start()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from devtools.ports import free_port
 from gateway.auth import hash_key
-from gateway.triton.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

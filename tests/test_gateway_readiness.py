@@ -16,7 +16,8 @@ import pytest
 
 from build_models.pipeline import ReferencePipeline
 from build_models.profiles import render_repository
-from gateway.triton.embedded import EmbeddedTriton, free_port
+from devtools.ports import free_port
+from devtools.triton import EmbeddedTriton
 from tests.gateway_support import RunningGateway, running_gateway
 
 SMALL_BATCH = 8

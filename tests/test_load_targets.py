@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.triton.embedded import EmbeddedTriton
+from devtools.triton import EmbeddedTriton
 from load.baseline import baseline_server
 from load.compare import CompareConfig, PhasePlan, measure_target, run_compare
 from load.raw import run_raw_benchmark

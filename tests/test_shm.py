@@ -19,10 +19,10 @@ import tritonclient.grpc as grpcsync
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.triton import EmbeddedTriton
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.triton.client import TritonClient
-from gateway.triton.embedded import EmbeddedTriton
 from gateway.triton.shm import (
     SHM_DIR,
     SharedMemoryManager,

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 
 from build_models.pipeline import ReferencePipeline
 from build_models.profiles import render_repository
-from gateway.triton.embedded import EmbeddedTriton
+from devtools.triton import EmbeddedTriton
 
 MIXED_TEXTS = [
     "Great product, works exactly as described.",

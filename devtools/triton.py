@@ -2,40 +2,33 @@
 
 Used by ``make run`` (``python -m gateway dev``), the tests and the load tool on machines with no
 GPU and no Docker. The server is bound to 127.0.0.1 on free ports, started in its own process
-group, killed if this process dies (PR_SET_PDEATHSIG), and stopped with SIGTERM then SIGKILL.
-Every failure names its cause and quotes the tail of the server log.
+group, killed if this process dies (PR_SET_PDEATHSIG), and stopped with SIGTERM then SIGKILL
+(``devtools.process``). Every failure names its cause and quotes the tail of the server log.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import ctypes
 import importlib.metadata
 import importlib.util
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import sysconfig
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from devtools.ports import free_ports
+from devtools.process import ManagedServer, ServerStartError, answers_ok, log_tail
 
 DEFAULT_MODELS = ("text_regression", "text_embedding")
 # Several stub processes share few cores: OpenMP threads that spin while idle (libgomp's default)
 # take cores from the other stages. Measured on 2 cores with single-threaded encoders it is a small
 # gain (121 -> 129 texts/s at 16 clients, docs/benchmarks.md); it matters more for multi-threaded pools.
 CPU_RUNTIME_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-_PR_SET_PDEATHSIG = 1
-_LOG_TAIL_LINES = 40
 
 
 class EmbeddedTritonError(RuntimeError):
@@ -63,25 +56,6 @@ class Ports:
     http: int
     grpc: int
     metrics: int
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the OS reports free right now (tritonserver rejects port 0, so we pick them)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def free_port() -> int:
-    """One port the OS reports free right now."""
-    return free_ports(1)[0]
 
 
 def _pytriton_dir() -> Path:
@@ -142,52 +116,6 @@ def prepare_server(workdir: Path) -> Path:
     return target / "bin" / "tritonserver"
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` for a child that must not outlive us: the kernel SIGKILLs it when we die."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def launch_logged_child(
-    command: Sequence[str], env: Mapping[str, str] | None, log_path: Path
-) -> subprocess.Popen[bytes]:
-    """Start ``command`` in its own process group, output to ``log_path``, dying with us."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            list(command),
-            env=dict(env) if env is not None else None,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-
-
-def log_tail(log_path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a child's log."""
-    try:
-        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"
-
-
-def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> int:
-    """SIGTERM ``process``'s group, SIGKILL it after ``timeout``; return the exit code."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    return process.returncode
-
-
 class EmbeddedTriton:
     """One ``tritonserver`` child process serving a model repository on 127.0.0.1."""
 
@@ -208,9 +136,17 @@ class EmbeddedTriton:
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.log_path = workdir / "tritonserver.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.started_at: float | None = None
-        self.ready_after: float | None = None
+        self._server: ManagedServer | None = None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The running (or last) server process."""
+        return self._server.process if self._server is not None else None
+
+    @property
+    def ready_after(self) -> float | None:
+        """Seconds from launch to ready, once ready."""
+        return self._server.ready_after if self._server is not None else None
 
     @property
     def grpc_url(self) -> str:
@@ -226,6 +162,11 @@ class EmbeddedTriton:
     def metrics_url(self) -> str:
         """Full URL of the Prometheus metrics endpoint."""
         return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    @property
+    def ready_url(self) -> str:
+        """The HTTP readiness endpoint (200 once the server and its loaded models are ready)."""
+        return f"http://{self.http_url}/v2/health/ready"
 
     def command(self, binary: Path) -> list[str]:
         """The server's command line."""
@@ -248,7 +189,7 @@ class EmbeddedTriton:
         ]
         return args + list(self.extra_args)
 
-    def environment(self, binary: Path) -> dict[str, str]:
+    def environment(self) -> dict[str, str]:
         """The environment the server and its Python-backend stubs need."""
         env = dict(os.environ)
         lib_dirs = [str(_libpython_dir()), str(_pytriton_dir().parent / "nvidia_pytriton.libs")]
@@ -267,83 +208,60 @@ class EmbeddedTriton:
         binary = prepare_server(self.workdir)
         attempts = 1 if self._fixed_ports else 3
         for attempt in range(attempts):
+            self._server = ManagedServer(
+                self.command(binary),
+                self.ready_url,
+                self.log_path,
+                env=self.environment(),
+                startup_timeout_s=self.startup_timeout,
+            )
             try:
-                self._launch(binary)
-                self._wait_ready()
+                self._server.start()
                 return self
-            except PortInUseError:
+            except ServerStartError as exc:
+                failure = self._failure(exc)
                 self.stop()
-                if attempt == attempts - 1:
-                    raise
+                if not isinstance(failure, PortInUseError) or attempt == attempts - 1:
+                    raise failure from None
                 self.ports = Ports(*free_ports(3))
         return self
 
-    def _launch(self, binary: Path) -> None:
-        self.started_at = time.monotonic()
-        self.ready_after = None
-        self.process = launch_logged_child(
-            self.command(binary), self.environment(binary), self.log_path
-        )
-        atexit.register(self.stop)
-
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+    def log_tail(self) -> str:
         """The last lines of the server log."""
-        return log_tail(self.log_path, lines)
+        return log_tail(self.log_path)
 
-    def _failure(self) -> EmbeddedTritonError:
+    def _failure(self, exc: ServerStartError) -> EmbeddedTritonError:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         tail = self.log_tail()
-        if re.search(r"already in use|address in use|Address already in use", text, re.IGNORECASE):
+        if re.search(r"already in use|address in use", text, re.IGNORECASE):
             return PortInUseError(
                 f"a port of {self.ports} is in use\n--- server log tail ---\n{tail}"
             )
         failed = re.search(r"failed to load '([^']+)' version \d+: (.*)", text)
         if failed:
             return ModelLoadError(failed.group(1), failed.group(2).strip(), tail)
-        code = self.process.returncode if self.process else None
+        if exc.exited:
+            code = self.process.returncode if self.process else None
+            return EmbeddedTritonError(
+                f"tritonserver exited early (rc {code})\n--- server log tail ---\n{tail}"
+            )
         return EmbeddedTritonError(
-            f"tritonserver exited early (rc {code})\n--- server log tail ---\n{tail}"
+            f"tritonserver not ready after {self.startup_timeout:.0f} s\n"
+            f"--- server log tail ---\n{tail}"
         )
 
     def is_ready(self) -> bool:
         """True when the server answers ready on HTTP (all its loaded models ready)."""
-        try:
-            with urllib.request.urlopen(
-                f"http://{self.http_url}/v2/health/ready", timeout=1
-            ) as answer:
-                return bool(answer.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def _wait_ready(self) -> None:
-        assert self.process is not None and self.started_at is not None
-        deadline = self.started_at + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise self._failure()
-            if self.is_ready():
-                self.ready_after = time.monotonic() - self.started_at
-                return
-            time.sleep(0.1)
-        failure = self._failure()
-        self.stop()
-        raise EmbeddedTritonError(
-            f"tritonserver not ready after {self.startup_timeout:.0f} s\n{failure}"
-        )
+        return answers_ok(self.ready_url)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM the server's process group, SIGKILL it after ``timeout``; return its exit code."""
-        if self.process is None:
-            return None
-        code = stop_process_group(self.process, timeout)
-        atexit.unregister(self.stop)
-        return code
+        return self._server.stop(timeout) if self._server is not None else None
 
     def kill(self) -> None:
-        """SIGKILL the server at once (for failure tests)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """SIGKILL the server's process group at once (for failure tests)."""
+        if self._server is not None:
+            self._server.kill()
 
     def __enter__(self) -> EmbeddedTriton:
         return self.start()
@@ -355,11 +273,3 @@ class EmbeddedTriton:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-@contextlib.contextmanager
-def serve(model_repository: Path, workdir: Path, **kwargs: object) -> Iterator[EmbeddedTriton]:
-    """Context manager: a started EmbeddedTriton, stopped on exit."""
-    server = EmbeddedTriton(model_repository, workdir, **kwargs)  # type: ignore[arg-type]
-    with server:
-        yield server
