@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from build_models.demo_data import make_reviews
 from build_models.errors import BuildInputError
-from build_models.pipeline import PAD_TO_MULTIPLE_OF, ReferencePipeline, artifact_paths
+from build_models.pipeline import ReferencePipeline, artifact_paths
 from build_models.releases import DEFAULT_RELEASE, release
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def build(
         "source_digest": source_digest,
         "embedding_dimension": pipeline.dimension,
         "max_sequence_length": max_len,
-        "pad_to_multiple_of": PAD_TO_MULTIPLE_OF,
+        "pad_to_multiple_of": pipeline.pad_multiple,
         "export_max_deviation": deviation,
         "triton_release": options.triton_release,
         "versions": {

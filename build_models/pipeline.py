@@ -19,7 +19,6 @@ import numpy as np
 import numpy.typing as npt
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
-PAD_TO_MULTIPLE_OF = 16
 
 
 @cache
@@ -32,6 +31,14 @@ def preprocess_module(repository: Path = DEFAULT_REPOSITORY) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def pad_to_multiple_of(repository: Path = DEFAULT_REPOSITORY) -> int:
+    """The padding multiple set in ``preprocess/config.pbtxt``: the one place it is configured."""
+    from build_models.profiles import read_config
+
+    config = read_config(repository / "preprocess" / "config.pbtxt")
+    return int(config.parameters["pad_to_multiple_of"].string_value)
 
 
 def artifact_paths(repository: Path) -> dict[str, Path]:
@@ -56,6 +63,7 @@ class ReferencePipeline:
             torch.set_num_threads(torch_threads)
         paths = artifact_paths(repository)
         self._torch = torch
+        self.pad_multiple = pad_to_multiple_of(repository)
         self._preprocess = preprocess_module(repository)
         self.tokenizer = self._preprocess.load_tokenizer(str(paths["tokenizer"]))
         with warnings.catch_warnings():
@@ -70,13 +78,11 @@ class ReferencePipeline:
             treelite.Model.deserialize(str(paths["forest"])) if paths["forest"].exists() else None
         )
 
-    def tokenize(
-        self, texts: Sequence[str]
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    def tokenize(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Token ids and mask for one request, padded like the preprocess model pads it."""
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
         ids = [encoding.ids for encoding in encodings]
-        input_ids, mask = self._preprocess.pad_token_ids(ids, PAD_TO_MULTIPLE_OF)
+        input_ids, mask = self._preprocess.pad_token_ids(ids, self.pad_multiple)
         return input_ids, mask
 
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:

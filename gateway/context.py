@@ -1,18 +1,16 @@
-"""Per-request context shared by middleware, logs, errors and the Triton client."""
+"""Per-request context shared by middleware, logs, errors and the service."""
 
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class RequestTimings:
-    """Time a request spent waiting on Triton (for Server-Timing and metrics)."""
+    """Time a request spent waiting on Triton (for Server-Timing and the access log)."""
 
     triton_seconds: float = 0.0
-    triton_calls: int = 0
-    transports: set[str] = field(default_factory=set)
 
 
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")

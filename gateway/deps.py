@@ -40,12 +40,6 @@ class InferenceContext:
     timeout_s: float
 
 
-async def get_settings(request: Request) -> Settings:
-    """The app's settings."""
-    settings: Settings = request.app.state.settings
-    return settings
-
-
 async def get_service(request: Request) -> InferenceService:
     """The app's inference service."""
     service: InferenceService = request.app.state.service
@@ -92,7 +86,6 @@ async def inference_principal(request: Request) -> Principal:
     return require_scope(authenticate(request), "infer")
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServiceDep = Annotated[InferenceService, Depends(get_service)]
 InferencePrincipal = Annotated[Principal, Depends(inference_principal)]
 InferenceContextDep = Annotated[InferenceContext, Depends(inference_context)]

@@ -1,7 +1,9 @@
 """The gateway's error hierarchy: every error carries its HTTP status and a stable code.
 
-One handler (``app.py``) turns any of them into ``{"error": {"code", "message", "request_id"}}``.
-Triton failures are classified by gRPC status code (``gateway/triton/client.py``), never by text.
+One function (``gateway/error_handlers.py``) turns any of them into
+``{"error": {"code", "message", "request_id"}}``, and the OpenAPI document's error responses are
+generated from the classes a route can raise (``gateway/openapi.py``). Triton failures are
+classified by gRPC status code (``gateway/triton/status.py``), never by text.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ class GatewayError(Exception):
 
     status_code = 500
     code = "internal_error"
+    # Response headers this error always carries, with their meaning (for the OpenAPI document).
+    response_headers: dict[str, str] = {}
 
     def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -19,6 +23,10 @@ class GatewayError(Exception):
         self.headers = headers or {}
         # The gRPC status name when the error came from Triton (for metrics), else None.
         self.upstream_status: str | None = None
+
+
+class InternalError(GatewayError):
+    """An unexpected failure in the gateway; its log has the details under the request id."""
 
 
 class BadRequest(GatewayError):
@@ -33,6 +41,7 @@ class Unauthorized(GatewayError):
 
     status_code = 401
     code = "unauthorized"
+    response_headers = {"WWW-Authenticate": "The authentication scheme to use (Bearer)"}
 
     def __init__(self, message: str) -> None:
         super().__init__(message, {"WWW-Authenticate": 'Bearer realm="textscore"'})
@@ -60,7 +69,7 @@ class MethodNotAllowed(GatewayError):
 
 
 class PayloadTooLarge(GatewayError):
-    """The body exceeds ``max_body_bytes``."""
+    """The body exceeds the configured size limit (``max_body_bytes``)."""
 
     status_code = 413
     code = "payload_too_large"
@@ -78,19 +87,20 @@ class ServiceUnavailable(GatewayError):
 
     status_code = 503
     code = "service_unavailable"
+    response_headers = {"Retry-After": "Seconds to wait before retrying"}
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
 class NotReady(ServiceUnavailable):
-    """The gateway has not finished warming Triton up (or lost it)."""
+    """Not ready: warming Triton up, or lost it; retry after ``Retry-After`` seconds."""
 
     code = "not_ready"
 
 
 class UpstreamUnavailable(ServiceUnavailable):
-    """Triton answered UNAVAILABLE or could not be reached."""
+    """Triton answered UNAVAILABLE or could not be reached; retry after ``Retry-After`` seconds."""
 
     code = "upstream_unavailable"
 
@@ -114,6 +124,16 @@ class ModelNotFound(GatewayError):
 
     status_code = 404
     code = "model_not_found"
+
+
+class HttpError(GatewayError):
+    """Any other HTTP-level refusal by the framework, with its own status."""
+
+    code = "http_error"
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class UpstreamError(GatewayError):

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: request id, body-size limit, Server-Timing, in-flight gauge, access log.
+"""Pure-ASGI middleware: request id, body-size limit, Server-Timing, in-flight gauge, access log,
+and the answer to an unexpected exception.
 
 Pure ASGI (not BaseHTTPMiddleware) so the route sees the real ``receive`` and can notice a client
 that disconnects, and so a body can be refused before it is read in full.
@@ -10,23 +11,17 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
 
-import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import errors
 from gateway.context import RequestTimings, request_id_var, timings_var
+from gateway.error_handlers import error_response
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("gateway.access")
+log_errors = logging.getLogger("gateway.errors")
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
-
-
-def error_body(code: str, message: str) -> bytes:
-    """The one error shape, serialized."""
-    return orjson.dumps(
-        {"error": {"code": code, "message": message, "request_id": request_id_var.get()}}
-    )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -65,7 +60,8 @@ class RequestContextMiddleware:
         timings = RequestTimings()
         timings_token = timings_var.set(timings)
         started = time.perf_counter()
-        status = {"code": 500}
+        # The status sent, once the response has started.
+        status: dict[str, int] = {}
         counts_in_flight = scope["path"].startswith("/v1/")
         if counts_in_flight:
             self.metrics.in_flight.inc()
@@ -88,15 +84,26 @@ class RequestContextMiddleware:
         try:
             declared = headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-                await self._refuse_too_large(send_with_headers)
+                await self._refuse_too_large(scope, receive, send_with_headers)
                 return
             if scope["method"] in ("POST", "PUT", "PATCH"):
                 body = await self._read_body(receive)
                 if body is None:
-                    await self._refuse_too_large(send_with_headers)
+                    await self._refuse_too_large(scope, receive, send_with_headers)
                     return
                 receive = _replay(body, receive)
-            await self.app(scope, receive, send_with_headers)
+            try:
+                await self.app(scope, receive, send_with_headers)
+            except Exception:
+                # Answered here, inside the request's context, so the 500 carries its request id
+                # and the traceback is logged once (Starlette's outer handler would log it again).
+                log_errors.exception("unhandled error")
+                if "code" in status:
+                    raise  # the response had started: nothing can be answered any more
+                internal = errors.InternalError(
+                    "internal error; see the gateway log for this request id"
+                )
+                await error_response(internal)(scope, receive, send_with_headers)
         finally:
             if counts_in_flight:
                 self.metrics.in_flight.dec()
@@ -105,7 +112,7 @@ class RequestContextMiddleware:
                 extra={
                     "method": scope["method"],
                     "path": scope["path"],
-                    "status": status["code"],
+                    "status": status.get("code", 500),
                     "duration_ms": round((time.perf_counter() - started) * 1000, 2),
                     "triton_ms": round(timings.triton_seconds * 1000, 2),
                 },
@@ -129,16 +136,6 @@ class RequestContextMiddleware:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def _refuse_too_large(self, send: Any) -> None:
-        body = error_body("payload_too_large", f"request body exceeds {self.max_body_bytes} bytes")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def _refuse_too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        too_large = errors.PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
+        await error_response(too_large)(scope, receive, send)

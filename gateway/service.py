@@ -1,5 +1,8 @@
-"""The inference service: what the routes call. It validates limits, splits requests above a
-model's ``max_batch_size`` into concurrent Triton calls and reassembles them in order, all or nothing.
+"""The inference service: what the routes call, and the owner of every Triton call they need.
+
+It validates limits, splits requests above a model's ``max_batch_size`` into concurrent Triton
+calls and reassembles them in order, all or nothing, and keeps the gateway's readiness (the warm-up
+that gates it reads each model's configuration: the one record of what the gateway knows of it).
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ import numpy.typing as npt
 
 from gateway import errors
 from gateway.context import timings_var
-from gateway.health import ReadinessMonitor
 from gateway.metrics import GatewayMetrics
+from gateway.readiness import Readiness, ReadinessMonitor
 from gateway.settings import Settings
-from gateway.triton.client import TritonClient
+from gateway.triton.api import ModelInfo, RepositoryEntry, TritonApi
 
 T = TypeVar("T")
 SCORE_OUTPUT = "score"
 EMBEDDING_OUTPUT = "embedding"
+WARMUP_TEXTS = ("Warm-up: a short product review.", "A longer warm-up review. " * 12)
 
 
 @dataclass(frozen=True)
@@ -37,17 +41,52 @@ class ModelResult:
 class InferenceService:
     """Runs texts through the routed Triton ensembles."""
 
-    def __init__(
-        self,
-        client: TritonClient,
-        settings: Settings,
-        metrics: GatewayMetrics,
-        monitor: ReadinessMonitor,
-    ) -> None:
+    def __init__(self, client: TritonApi, settings: Settings, metrics: GatewayMetrics) -> None:
         self.client = client
         self.settings = settings
         self.metrics = metrics
-        self.monitor = monitor
+        self.routes = {
+            "/v1/predict": settings.regression_model,
+            "/v1/embed": settings.embedding_model,
+        }
+        # Filled by each warm-up; requests are refused (not ready) until the first one passed.
+        self._models: dict[str, ModelInfo] = {}
+        self._monitor = ReadinessMonitor(
+            client, list(self.routes.values()), self.warm_up, settings, metrics
+        )
+
+    def start(self) -> None:
+        """Start watching Triton: readiness follows once the first warm-up passed."""
+        self._monitor.start()
+
+    async def close(self) -> None:
+        """Stop watching Triton and close the client."""
+        await self._monitor.stop()
+        await self.client.close()
+
+    @property
+    def readiness(self) -> Readiness:
+        """Whether the gateway can take traffic now, and why not."""
+        return self._monitor.state
+
+    async def warm_up(self) -> None:
+        """Read each routed model's configuration and run a real request through each ensemble,
+        so that the first request after a (re)start is not slow."""
+        timeout_s = self.settings.warmup_timeout_s
+        models = {
+            name: await self.client.model_info(name, self.settings.request_timeout_s)
+            for name in self.routes.values()
+        }
+        await self.client.infer_texts(
+            models[self.settings.regression_model], WARMUP_TEXTS, SCORE_OUTPUT, timeout_s=timeout_s
+        )
+        await self.client.infer_texts(
+            models[self.settings.embedding_model],
+            WARMUP_TEXTS,
+            EMBEDDING_OUTPUT,
+            timeout_s=timeout_s,
+        )
+        self._models = models
 
     async def predict(
         self, texts: Sequence[str], model_version: str | None, timeout_s: float, request_id: str
@@ -78,6 +117,10 @@ class InferenceService:
             request_id,
         )
 
+    async def repository(self) -> list[RepositoryEntry]:
+        """Every model version in Triton's repository with its state."""
+        return await self.client.repository_index(self.settings.request_timeout_s)
+
     def check_limits(self, texts: Sequence[str]) -> None:
         """InvalidRequest when ``texts`` breaks a configured limit."""
         if len(texts) > self.settings.max_texts_per_request:
@@ -93,7 +136,7 @@ class InferenceService:
     async def _run(
         self,
         route: str,
-        model: str,
+        model_name: str,
         output: str,
         texts: Sequence[str],
         model_version: str | None,
@@ -102,14 +145,13 @@ class InferenceService:
     ) -> ModelResult:
         self.check_limits(texts)
         self.metrics.texts_per_request.labels(route).observe(len(texts))
-        state = self.monitor.state
-        if not state.ready:
+        state = self.readiness
+        model = self._models.get(model_name)
+        if not state.ready or model is None:
             raise errors.NotReady(f"not ready: {state.reason}", self.settings.retry_after_s)
-        limit = state.max_batch_size.get(model) or len(texts)
+        limit = model.max_batch_size or len(texts)
         chunks = [texts[start : start + limit] for start in range(0, len(texts), limit)]
         started = time.perf_counter()
-        # The transports the chunks really used ("grpc" for any that fell back from shm).
-        transports: set[str] = set()
         try:
             outcomes = await all_or_nothing(
                 [
@@ -124,24 +166,23 @@ class InferenceService:
                     for index, chunk in enumerate(chunks)
                 ]
             )
-            transports.update(outcome.transport for outcome in outcomes)
         except errors.GatewayError as exc:
-            self.metrics.triton_errors.labels(model, exc.upstream_status or exc.code).inc()
+            self.metrics.triton_errors.labels(model_name, exc.upstream_status or exc.code).inc()
             raise
         finally:
             elapsed = time.perf_counter() - started
             timings = timings_var.get()
             if timings is not None:
                 timings.triton_seconds += elapsed
-                timings.triton_calls += len(chunks)
-                timings.transports.update(transports)
-        # Mixed only when some chunks of one request fell back: e.g. "grpc+system_shm".
-        self.metrics.triton_latency.labels(model, "+".join(sorted(transports))).observe(elapsed)
+        # The transports the chunks really used, mixed only when some chunks of one request fell
+        # back from shared memory: e.g. "grpc+system_shm".
+        transports = "+".join(sorted({outcome.transport for outcome in outcomes}))
+        self.metrics.triton_latency.labels(model_name, transports).observe(elapsed)
         versions = {outcome.model_version for outcome in outcomes}
         values = (
             outcomes[0].array if len(outcomes) == 1 else np.concatenate([o.array for o in outcomes])
         )
-        return ModelResult(model, ",".join(sorted(versions)), values)
+        return ModelResult(model_name, ",".join(sorted(versions)), values)
 
 
 async def all_or_nothing(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:

@@ -1,11 +1,18 @@
-"""Session fixtures: small real models, built once, served by a real embedded tritonserver."""
+"""Session fixtures (small real models, built once, served by a real embedded tritonserver) and
+the helpers every test module shares.
+
+Two layers: ``tests/unit`` runs the gateway over a fake Triton client in seconds; every test that
+needs a model build or a real server is marked ``triton`` here, from the fixtures it uses
+(``make unit`` runs the first layer alone; ``make test`` runs both).
+"""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +23,30 @@ from tests.gateway_support import RunningGateway, running_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".work"
+TEXTS = ["Excellent blender, five stars.", "Broke after two days.", "It's an okay kettle.", "ok"]
+# Fixtures that build models or start a real tritonserver: a test using any of them is ``triton``.
+SERVER_FIXTURES = {"built_repository", "cpu_repository", "triton", "own_triton", "gateway"}
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 30, what: str = "the condition"
+) -> None:
+    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs a model build or a real server ``triton``."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SERVER_FIXTURES and "tests/unit/" not in item.nodeid:
+            item.add_marker(pytest.mark.triton)
+
+
 # Small but real: the shipped MiniLM encoder, a few hundred demo rows, a small forest.
 FAST_BUILD_ARGS = ["--demo-rows", "300", "--trees", "10", "--max-depth", "8"]
 

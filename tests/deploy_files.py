@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
+
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 CPU_OVERRIDE_FILE = ROOT / "docker-compose.cpu.yml"
 VERSIONS_FILE = ROOT / "deploy" / "versions.env"

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from build_models.pipeline import ReferencePipeline
+from tests.conftest import TEXTS
 from tests.gateway_support import RunningGateway
-
-TEXTS = ["Excellent blender, five stars.", "Broke after two days.", "It's an okay kettle.", "ok"]
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, str]:

@@ -14,8 +14,7 @@ import httpx
 
 from devtools.ports import free_port
 from gateway.auth import hash_key
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, wait_for
 
 
 def test_dev_serves_with_a_printed_key_and_stops_both_on_ctrl_c(
@@ -60,6 +59,12 @@ def test_dev_serves_with_a_printed_key_and_stops_both_on_ctrl_c(
             )
         assert answer.status_code == 200, answer.text
         assert len(answer.json()["scores"]) == 1
+        # The access line is written after the response is sent: wait for it, then read the log.
+        wait_for(
+            lambda: '"path":"/v1/predict"' in log_path.read_text(),
+            10,
+            "the access log line of the request",
+        )
         # The banner shows the development key on purpose; the JSON logs (access log included) never.
         json_lines = [line for line in log_path.read_text().splitlines() if line.startswith("{")]
         assert any('"path":"/v1/predict"' in line for line in json_lines)

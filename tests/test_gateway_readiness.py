@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,18 +17,10 @@ from build_models.pipeline import ReferencePipeline
 from build_models.profiles import render_repository
 from devtools.ports import free_port
 from devtools.triton import EmbeddedTriton
+from tests.conftest import wait_for
 from tests.gateway_support import RunningGateway, running_gateway
 
 SMALL_BATCH = 8
-
-
-def wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def readyz(gateway: RunningGateway) -> httpx.Response:

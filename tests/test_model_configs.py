@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, read_config, render_config
 from build_models.releases import ReleaseMismatchError, check_treelite, release
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "model_repository"
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from gateway.app import create_app
 from gateway.settings import Settings
+from tests.conftest import ROOT
 from tests.gateway_support import RunningGateway
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "docs" / "openapi.json"
 
 

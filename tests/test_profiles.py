@@ -8,8 +8,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, MODELS, main, read_config
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "model_repository"
 REAL_BACKENDS = {
     "preprocess": ("python", ""),

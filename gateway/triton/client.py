@@ -1,40 +1,29 @@
-"""The gateway's one connection to Triton: a ``tritonclient.grpc.aio`` client and error mapping.
+"""The gateway's one connection to Triton: a ``tritonclient.grpc.aio`` client and its transport.
 
-Failures are classified by their gRPC status code (never by message text) into the gateway's
-error hierarchy, following an explicit table.
+The client owns, from construction, how tensors travel (in the gRPC messages, or through a
+shared-memory pool when the settings ask for one). Failures are classified by gRPC status code
+(``gateway/triton/status.py``). It satisfies :class:`gateway.triton.api.TritonApi`.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
-import grpc
 import numpy as np
-import numpy.typing as npt
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from gateway import errors
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Settings
+from gateway.triton.api import InferOutcome, ModelInfo, RepositoryEntry
 from gateway.triton.codecs import TEXT_INPUT, serialize_bytes, text_input
 from gateway.triton.shm import FLOAT32_BYTES, Lease, SharedMemoryManager
+from gateway.triton.status import UNFINISHED_STATUSES, grpc_status, map_triton_error
 
-log = logging.getLogger(__name__)
-
-# gRPC status -> what the API reports. Anything not listed is an upstream error (502).
-STATUS_TO_ERROR: dict[grpc.StatusCode, type[errors.GatewayError]] = {
-    grpc.StatusCode.UNAVAILABLE: errors.UpstreamUnavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: errors.UpstreamTimeout,
-    grpc.StatusCode.INVALID_ARGUMENT: errors.UpstreamInvalidArgument,
-    grpc.StatusCode.NOT_FOUND: errors.ModelNotFound,
-}
-
-# Statuses the client side produces while Triton may still be running the request (and writing
-# its output into a shared-memory region): the region must not be reused after them.
-UNFINISHED_STATUSES = {"DEADLINE_EXCEEDED", "CANCELLED", "UNAVAILABLE", "UNKNOWN", None}
+T = TypeVar("T")
 
 # Reconnect quickly after Triton restarts (gRPC's default backoff grows to 120 s).
 CHANNEL_ARGS = [
@@ -46,62 +35,29 @@ CHANNEL_ARGS = [
 ]
 
 
-def grpc_status(exc: InferenceServerException) -> grpc.StatusCode | None:
-    """The gRPC status code an InferenceServerException carries (``"StatusCode.X"``), if any."""
-    status = exc.status() or ""
-    name = status.removeprefix("StatusCode.")
-    return grpc.StatusCode.__members__.get(name)
-
-
-def map_triton_error(exc: InferenceServerException, retry_after_s: int) -> errors.GatewayError:
-    """Translate a Triton failure into the gateway error its gRPC status code calls for."""
-    status = grpc_status(exc)
-    error_class = STATUS_TO_ERROR.get(status) if status is not None else None
-    message = f"Triton: {exc.message() or exc}"
-    error: errors.GatewayError
-    if error_class is None:
-        error = errors.UpstreamError(message)
-    elif issubclass(error_class, errors.ServiceUnavailable):
-        error = error_class(message, retry_after_s)
-    else:
-        error = error_class(message)
-    error.upstream_status = status.name if status is not None else "UNKNOWN"
-    return error
-
-
-@dataclass(frozen=True)
-class InferOutcome:
-    """One output tensor of a Triton response and the model version that produced it."""
-
-    array: npt.NDArray[np.float32]
-    model_version: str
-    transport: str = "grpc"
-
-
 class TritonClient:
-    """Async gRPC client for the gateway's models (one per process)."""
+    """Async gRPC client for the gateway's models (one per process; create it inside the loop)."""
 
-    def __init__(self, url: str, retry_after_s: int = 1) -> None:
-        self.url = url
-        self.retry_after_s = retry_after_s
-        self._client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
-        # FP32 elements per text of each (model, output), from the model config: the size of an
-        # output placed in shared memory must be known before the request.
-        self.output_elements: dict[tuple[str, str], int] = {}
-        self.shm: SharedMemoryManager | None = None
+    def __init__(self, settings: Settings, metrics: GatewayMetrics) -> None:
+        self.url = settings.triton_grpc_url
+        self.retry_after_s = settings.retry_after_s
+        self._client = grpcclient.InferenceServerClient(self.url, channel_args=CHANNEL_ARGS)
+        self._shm = SharedMemoryManager.from_settings(self._client, settings, metrics)
 
-    @property
-    def grpc(self) -> Any:
-        """The underlying ``tritonclient.grpc.aio`` client (for the shared-memory manager)."""
-        return self._client
+    async def connect(self) -> None:
+        """After every (re)connection: (re)register the shared-memory pool, if there is one."""
+        if self._shm is not None:
+            await self._shm.connect()
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Unregister and free the shared-memory pool, then close the channel."""
+        if self._shm is not None:
+            await self._shm.close()
         await self._client.close()
 
-    async def _call(self, coroutine: Any) -> Any:
+    async def _call(self, call: Awaitable[T]) -> T:
         try:
-            return await coroutine
+            return await call
         except InferenceServerException as exc:
             raise map_triton_error(exc, self.retry_after_s) from exc
 
@@ -119,29 +75,24 @@ class TritonClient:
             return False, f"Triton unreachable at {self.url}: {grpc_status(exc) or exc}"
         return True, "ok"
 
-    async def read_model_config(self, model: str, timeout_s: float) -> int:
-        """Read the model's configuration from Triton; return its ``max_batch_size``.
-
-        Also remembers the per-text size of its fixed-shape FP32 outputs (``output_elements``).
-        """
+    async def model_info(self, model: str, timeout_s: float) -> ModelInfo:
+        """``model``'s batch limit and the per-text size of its fixed-shape FP32 outputs."""
         answer = await self._call(self._client.get_model_config(model, client_timeout=timeout_s))
+        elements = {}
         for output in answer.config.output:
             dims = [int(d) for d in output.dims]
             if output.data_type == model_config_pb2.TYPE_FP32 and dims and all(d > 0 for d in dims):
-                self.output_elements[(model, output.name)] = int(np.prod(dims))
-        return int(answer.config.max_batch_size)
+                elements[output.name] = int(np.prod(dims))
+        return ModelInfo(model, int(answer.config.max_batch_size), elements)
 
-    async def repository_index(self, timeout_s: float) -> list[dict[str, str]]:
+    async def repository_index(self, timeout_s: float) -> list[RepositoryEntry]:
         """Every model in Triton's repository: name, version, state, reason."""
         answer = await self._call(self._client.get_model_repository_index(client_timeout=timeout_s))
-        return [
-            {"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
-            for m in answer.models
-        ]
+        return [RepositoryEntry(m.name, m.version, m.state, m.reason) for m in answer.models]
 
     async def infer_texts(
         self,
-        model: str,
+        model: ModelInfo,
         texts: Sequence[str],
         output: str,
         model_version: str = "",
@@ -153,17 +104,18 @@ class TritonClient:
         Uses a shared-memory slot when the configured transport picks one for this payload, else
         carries the tensors in the gRPC messages.
         """
-        elements = self.output_elements.get((model, output))
-        if self.shm is not None and elements is not None:
+        elements = model.output_elements.get(output)
+        if self._shm is not None and elements is not None:
             payload = serialize_bytes(texts)
-            lease = await self.shm.acquire(len(payload), len(texts) * elements * FLOAT32_BYTES)
+            lease = await self._shm.acquire(len(payload), len(texts) * elements * FLOAT32_BYTES)
             if lease is not None:
                 return await self._infer_shm(
-                    lease, payload, model, texts, output, model_version, timeout_s, request_id
-                )
+                    self._shm, lease, payload, model.name, texts, output, model_version,
+                    timeout_s, request_id,
+                )  # fmt: skip
         result = await self._call(
             self._client.infer(
-                model,
+                model.name,
                 [text_input(texts)],
                 model_version=model_version,
                 outputs=[grpcclient.InferRequestedOutput(output)],
@@ -178,6 +130,7 @@ class TritonClient:
 
     async def _infer_shm(
         self,
+        shm: SharedMemoryManager,
         lease: Lease,
         payload: bytes,
         model: str,
@@ -187,7 +140,6 @@ class TritonClient:
         timeout_s: float | None,
         request_id: str,
     ) -> InferOutcome:
-        assert self.shm is not None
         # Until Triton has answered, it may write into the slot: released only in the finally,
         # and as "finished" only once a response (or a server-side error status) came back.
         finished = False
@@ -219,10 +171,10 @@ class TritonClient:
             if (
                 not shape
                 or shape[0] != len(texts)
-                or int(np.prod(shape)) * FLOAT32_BYTES > (lease.output.byte_size)
+                or int(np.prod(shape)) * FLOAT32_BYTES > lease.output.byte_size
             ):
                 raise errors.UpstreamError(f"Triton returned no complete '{output}' tensor")
             array = lease.slot.read_float32(lease.output, shape)
             return InferOutcome(array, result.get_response().model_version, lease.transport)
         finally:
-            self.shm.release(lease, finished)
+            shm.release(lease, finished)

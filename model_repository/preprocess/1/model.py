@@ -80,7 +80,8 @@ class TritonPythonModel:
         parameters = {
             key: value["string_value"] for key, value in config.get("parameters", {}).items()
         }
-        self.pad_multiple = int(parameters.get("pad_to_multiple_of", "16"))
+        # Set only in config.pbtxt; the reference pipeline reads it from there too.
+        self.pad_multiple = int(parameters["pad_to_multiple_of"])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.tokenizer = load_tokenizer(os.path.join(version_dir, TOKENIZER_FILE))
         self.xp, self.use_dlpack = self._choose_tensor_library(

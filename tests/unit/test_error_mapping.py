@@ -6,7 +6,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from gateway import errors
-from gateway.triton.client import map_triton_error
+from gateway.triton.status import map_triton_error
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,13 @@
+"""The HTTP routes. Each route translates HTTP to one service call and back, nothing more."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.routes import health, inference, metrics, models
+
+router = APIRouter()
+router.include_router(health.router)
+router.include_router(inference.router)
+router.include_router(models.router)
+router.include_router(metrics.router)
