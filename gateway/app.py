@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import errors
+from gateway.api_docs import install_api_docs
 from gateway.auth import KeyRing
 from gateway.context import request_id_var
 from gateway.deps import authenticate
@@ -148,6 +149,8 @@ def create_app(settings: Settings | None = None, connect_hooks: list[Any] | None
         description=API_DESCRIPTION,
         lifespan=lifespan,
         default_response_class=OrjsonResponse,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -156,6 +159,7 @@ def create_app(settings: Settings | None = None, connect_hooks: list[Any] | None
     instrument(app, registry)
     app.include_router(health_router)
     app.include_router(api_router)
+    install_api_docs(app)
 
     async def metrics_endpoint(request: Request) -> Response:
         if settings.protect_metrics:
