@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from gateway.api_docs import install_api_docs
 from gateway.auth import KeyRing
 from gateway.error_handlers import install_error_handlers
 from gateway.metrics import GatewayMetrics, instrument
@@ -60,6 +61,8 @@ def create_app(settings: Settings | None = None, client: TritonApi | None = None
         description=API_DESCRIPTION,
         lifespan=lifespan,
         default_response_class=OrjsonResponse,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -67,6 +70,7 @@ def create_app(settings: Settings | None = None, client: TritonApi | None = None
     install_error_handlers(app)
     instrument(app, metrics.registry)
     app.include_router(router)
+    install_api_docs(app)
     app.add_middleware(
         RequestContextMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics
     )

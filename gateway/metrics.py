@@ -15,7 +15,9 @@ LATENCY_BUCKETS = (
     0.100, 0.125, 0.150, 0.200, 0.250, 0.300, 0.400, 0.500, 0.750, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
 )  # fmt: skip
 TEXT_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-UNINSTRUMENTED_PATHS = ["/livez", "/readyz", "/metrics"]
+# Regexes searched in the route template. The docs pages and their assets (gateway/api_docs.py)
+# are not API traffic: a 1.5 MB bundle download would only blur the latency histograms.
+UNINSTRUMENTED_PATHS = ["/livez", "/readyz", "/metrics", r"^/docs(/|$)", r"^/redoc$"]
 
 
 class GatewayMetrics:
@@ -70,7 +72,7 @@ class GatewayMetrics:
 
 
 def instrument(app: FastAPI, registry: CollectorRegistry) -> None:
-    """Add the instrumentator's HTTP metrics (health and metrics routes excluded)."""
+    """Add the instrumentator's HTTP metrics (health, metrics and docs routes excluded)."""
     Instrumentator(
         excluded_handlers=UNINSTRUMENTED_PATHS,
         should_group_status_codes=False,

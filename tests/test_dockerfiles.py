@@ -79,6 +79,7 @@ SHELL_SCRIPTS = [
     ROOT / ".ci" / "run",
     *sorted((ROOT / "load").glob("*.sh")),
     *sorted((ROOT / "tests" / "gpu").glob("*.sh")),
+    *sorted((ROOT / "tests" / "browser").glob("*.sh")),
 ]
 
 
