@@ -5,12 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install models lint typecheck pytest openapi bench clean
+.PHONY: run test install models lint typecheck unit pytest openapi bench clean
 
 run: models
 	$(PY) -m gateway dev
 
-test: install lint typecheck pytest
+test: install lint typecheck unit pytest
 
 install: $(STAMP)
 
@@ -34,8 +34,13 @@ typecheck: install
 	$(VENV)/bin/mypy --strict gateway
 	$(VENV)/bin/mypy build_models load
 
+# The fast layer (fake Triton client, static checks; seconds): the feedback loop while editing.
+unit: install
+	$(PY) -m pytest -ra -m "not triton"
+
+# The tests that build small models and run a real tritonserver (minutes).
 pytest: install
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra -m triton
 
 openapi: install
 	$(PY) -m gateway openapi > docs/openapi.json

@@ -206,8 +206,9 @@ class EmbeddedTriton:
         _check_numpy()
         self.workdir.mkdir(parents=True, exist_ok=True)
         binary = prepare_server(self.workdir)
-        attempts = 1 if self._fixed_ports else 3
-        for attempt in range(attempts):
+        attempts_left = 1 if self._fixed_ports else 3
+        while True:
+            attempts_left -= 1
             self._server = ManagedServer(
                 self.command(binary),
                 self.ready_url,
@@ -221,10 +222,9 @@ class EmbeddedTriton:
             except ServerStartError as exc:
                 failure = self._failure(exc)
                 self.stop()
-                if not isinstance(failure, PortInUseError) or attempt == attempts - 1:
+                if not isinstance(failure, PortInUseError) or attempts_left == 0:
                     raise failure from None
                 self.ports = Ports(*free_ports(3))
-        return self
 
     def log_tail(self) -> str:
         """The last lines of the server log."""

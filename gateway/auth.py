@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from gateway import errors
 
+# "infer" runs the /v1 inference and model-listing routes; "admin" is the scope of the
+# model-management API to come, and no route accepts it yet (an admin-only key gets 403 everywhere).
 SCOPES = ("infer", "admin")
 DEFAULT_SCOPES = ("infer",)
 

@@ -37,8 +37,14 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
     """Embedded Triton (CPU profile) + gateway in one process tree; Ctrl-C stops both."""
     import uvicorn
 
-    from build_models.profiles import render_repository
-    from devtools.triton import EmbeddedTriton
+    try:
+        from build_models.profiles import render_repository
+        from devtools.triton import EmbeddedTriton
+    except ImportError as exc:  # the gateway image ships the runtime package alone
+        print(
+            f"`dev` needs the development install (`make run` sets it up): {exc}", file=sys.stderr
+        )
+        return 2
     from gateway.app import create_app
     from gateway.auth import new_key
     from gateway.logs import configure_logging

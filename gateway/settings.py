@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
 
-    # Auth: SHA-256 hex digests of API keys, each "digest:scope1+scope2" (scopes: infer, admin).
+    # Auth: SHA-256 hex digests of API keys, each "digest:scope1+scope2" (scopes: gateway/auth.py).
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_keys_file: Path | None = None
     protect_metrics: bool = False
