@@ -21,10 +21,9 @@ from prometheus_client import CollectorRegistry
 from build_models.profiles import render_repository
 from devtools.triton import EmbeddedTriton
 from gateway.metrics import GatewayMetrics
-from gateway.settings import Settings
+from gateway.settings import Settings, Transport
 from gateway.triton.client import TritonClient
 from gateway.triton.codecs import serialize_bytes
-from gateway.triton.shm import SharedMemoryManager
 
 MODEL, OUTPUT, DIM = "text_embedding", "embedding", 384
 SIZES = (1, 64, 512)
@@ -39,43 +38,40 @@ async def measure(
     url: str, reps: dict[int, int]
 ) -> list[tuple[int, int, list[float], list[float]]]:
     """Per size: n, payload bytes, gRPC latencies, shm latencies (seconds)."""
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        triton_grpc_url=url,
-        transport="system_shm",
-        shm_pool_size=1,
-        shm_region_bytes=4 * 1024 * 1024,
-        shm_prefix="shm-bench",
-    )
-    plain = TritonClient(url)
-    shm_client = TritonClient(url)
-    manager = SharedMemoryManager.from_settings(
-        shm_client.grpc, settings, GatewayMetrics(CollectorRegistry())
-    )
-    assert manager is not None
-    shm_client.shm = manager
+    metrics = GatewayMetrics(CollectorRegistry())
+
+    def settings(transport: Transport) -> Settings:
+        return Settings(
+            _env_file=None,
+            triton_grpc_url=url,
+            transport=transport,
+            shm_pool_size=1,
+            shm_region_bytes=4 * 1024 * 1024,
+            shm_prefix="shm-bench",
+        )
+
+    plain = TritonClient(settings("grpc"), metrics)
+    shm_client = TritonClient(settings("system_shm"), metrics)
     results = []
     try:
-        await manager.connect()
-        for client in (plain, shm_client):
-            await client.read_model_config(MODEL, 30)
+        await shm_client.connect()
+        model = await plain.model_info(MODEL, 30)
         for n in SIZES:
             batch = texts(n)
             payload = len(serialize_bytes(batch)) + n * DIM * 4
             grpc_times: list[float] = []
             shm_times: list[float] = []
             for client in (plain, shm_client):  # one warm-up call each
-                await client.infer_texts(MODEL, batch, OUTPUT, timeout_s=120)
+                await client.infer_texts(model, batch, OUTPUT, timeout_s=120)
             for _ in range(reps[n]):
                 for client, times in ((plain, grpc_times), (shm_client, shm_times)):
                     started = time.perf_counter()
-                    outcome = await client.infer_texts(MODEL, batch, OUTPUT, timeout_s=120)
+                    outcome = await client.infer_texts(model, batch, OUTPUT, timeout_s=120)
                     times.append(time.perf_counter() - started)
                     expected = "grpc" if client is plain else "system_shm"
                     assert outcome.transport == expected, outcome.transport
             results.append((n, payload, grpc_times, shm_times))
     finally:
-        await manager.close()
         await shm_client.close()
         await plain.close()
     return results
