@@ -64,7 +64,8 @@ def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> int:
-    """SIGTERM ``process``'s group, SIGKILL it after ``timeout``; return the exit code."""
+    """SIGTERM ``process``'s group, SIGKILL it after ``timeout`` (and whatever of the group outlived
+    the leader); return the leader's exit code."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -74,6 +75,10 @@ def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    # Children can outlive the leader in its group (Triton's Python-backend stubs do when the
+    # server was SIGKILLed): end whatever is left of the group, leader alive or not.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
     return process.returncode
 
 

@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ DEFAULT_MODELS = ("text_regression", "text_embedding")
 # take cores from the other stages. Measured on 2 cores with single-threaded encoders it is a small
 # gain (121 -> 129 texts/s at 16 clients, docs/benchmarks.md); it matters more for multi-threaded pools.
 CPU_RUNTIME_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+SHM_DIR = Path("/dev/shm")
 
 
 class EmbeddedTritonError(RuntimeError):
@@ -136,6 +138,9 @@ class EmbeddedTriton:
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.log_path = workdir / "tritonserver.log"
+        # The Python backend's regions in /dev/shm start with this, so that the ones a killed
+        # server leaves behind can be found and removed by name.
+        self.shm_prefix = f"textscore-triton-{secrets.token_hex(4)}_"
         self._server: ManagedServer | None = None
 
     @property
@@ -186,6 +191,7 @@ class EmbeddedTriton:
             "--exit-on-error=true",
             "--strict-readiness=true",
             "--log-verbose=0",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         return args + list(self.extra_args)
 
@@ -255,8 +261,16 @@ class EmbeddedTriton:
         return answers_ok(self.ready_url)
 
     def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM the server's process group, SIGKILL it after ``timeout``; return its exit code."""
-        return self._server.stop(timeout) if self._server is not None else None
+        """SIGTERM the server's process group, SIGKILL it after ``timeout``, remove its /dev/shm
+        regions; return its exit code."""
+        code = self._server.stop(timeout) if self._server is not None else None
+        for leftover in SHM_DIR.glob(self.shm_prefix + "*"):
+            leftover.unlink(missing_ok=True)
+        return code
+
+    def shm_regions(self) -> list[Path]:
+        """The server's Python-backend regions in /dev/shm right now."""
+        return sorted(SHM_DIR.glob(self.shm_prefix + "*"))
 
     def kill(self) -> None:
         """SIGKILL the server's process group at once (for failure tests)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from devtools.triton import (
     PortInUseError,
     Ports,
 )
+from tests.conftest import wait_for
 
 
 def test_port_in_use_is_reported(cpu_repository: Path, tmp_path: Path) -> None:
@@ -75,6 +77,32 @@ def test_stop_is_clean(own_triton: EmbeddedTriton) -> None:
     assert own_triton.is_ready()
     assert own_triton.stop() == 0
     assert not own_triton.is_ready()
+
+
+def test_stop_after_a_sigkill_leaves_no_stub_process_and_no_shm_region(
+    own_triton: EmbeddedTriton,
+) -> None:
+    assert own_triton.process is not None
+    group = own_triton.process.pid
+    assert own_triton.shm_regions(), "the Python backend should hold regions under our prefix"
+    os.kill(group, signal.SIGKILL)  # the server alone: its stubs stay in its process group
+    own_triton.process.wait()
+    own_triton.stop()
+    wait_for(lambda: not _group_members(group), 10, "the stub processes to be gone")
+    assert not own_triton.shm_regions()
+
+
+def _group_members(group: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # fields[0] is the state, fields[2] the process group; zombies are as good as gone.
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
 
 
 def test_server_dies_with_its_parent(cpu_repository: Path, tmp_path: Path) -> None:
