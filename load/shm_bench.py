@@ -21,10 +21,9 @@ from prometheus_client import CollectorRegistry
 from build_models.profiles import render_repository
 from devtools.triton import EmbeddedTriton
 from gateway.metrics import GatewayMetrics
-from gateway.settings import Settings
+from gateway.settings import Settings, Transport
 from gateway.triton.client import TritonClient
 from gateway.triton.codecs import serialize_bytes
-from gateway.triton.shm import SharedMemoryManager
 
 MODEL, OUTPUT, DIM = "text_embedding", "embedding", 384
 SIZES = (1, 64, 512)
@@ -35,48 +34,51 @@ def texts(n: int) -> list[str]:
     return [f"Review {i}: decent kettle, boils fast, lid a bit loose." for i in range(n)]
 
 
-async def measure(
-    url: str, reps: dict[int, int]
-) -> list[tuple[int, int, list[float], list[float]]]:
-    """Per size: n, payload bytes, gRPC latencies, shm latencies (seconds)."""
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
+def bench_settings(url: str, transport: Transport) -> Settings:
+    """The gateway settings of one benchmarked client (one small shared-memory pool)."""
+    return Settings(
+        _env_file=None,
         triton_grpc_url=url,
-        transport="system_shm",
+        transport=transport,
         shm_pool_size=1,
         shm_region_bytes=4 * 1024 * 1024,
         shm_prefix="shm-bench",
     )
-    plain = TritonClient(url)
-    shm_client = TritonClient(url)
-    manager = SharedMemoryManager.from_settings(
-        shm_client.grpc, settings, GatewayMetrics(CollectorRegistry())
-    )
-    assert manager is not None
-    shm_client.shm = manager
+
+
+async def measure(
+    url: str, reps: dict[int, int]
+) -> list[tuple[int, int, list[float], list[float]]]:
+    """Per size: n, payload bytes, gRPC latencies, shm latencies (seconds)."""
+    metrics = GatewayMetrics(CollectorRegistry())
+    plain = TritonClient(bench_settings(url, "grpc"), metrics)
+    shm_client = TritonClient(bench_settings(url, "system_shm"), metrics)
     results = []
     try:
-        await manager.connect()
-        for client in (plain, shm_client):
-            await client.read_model_config(MODEL, 30)
+        await shm_client.connect()
+        plain_model = await plain.model_info(MODEL, 30)
+        shm_model = await shm_client.model_info(MODEL, 30)
         for n in SIZES:
             batch = texts(n)
             payload = len(serialize_bytes(batch)) + n * DIM * 4
             grpc_times: list[float] = []
             shm_times: list[float] = []
-            for client in (plain, shm_client):  # one warm-up call each
-                await client.infer_texts(MODEL, batch, OUTPUT, timeout_s=120)
+            # One warm-up call each.
+            await plain.infer_texts(plain_model, batch, OUTPUT, timeout_s=120)
+            await shm_client.infer_texts(shm_model, batch, OUTPUT, timeout_s=120)
             for _ in range(reps[n]):
-                for client, times in ((plain, grpc_times), (shm_client, shm_times)):
+                for client, model, times in (
+                    (plain, plain_model, grpc_times),
+                    (shm_client, shm_model, shm_times),
+                ):
                     started = time.perf_counter()
-                    outcome = await client.infer_texts(MODEL, batch, OUTPUT, timeout_s=120)
+                    outcome = await client.infer_texts(model, batch, OUTPUT, timeout_s=120)
                     times.append(time.perf_counter() - started)
                     expected = "grpc" if client is plain else "system_shm"
                     assert outcome.transport == expected, outcome.transport
             results.append((n, payload, grpc_times, shm_times))
     finally:
-        await manager.close()
-        await shm_client.close()
+        await shm_client.close()  # frees the shared-memory pool too
         await plain.close()
     return results
 
