@@ -217,7 +217,7 @@ def test_every_gateway_variable_is_a_setting_and_validates(monkeypatch: pytest.M
         assert name.removeprefix("GATEWAY_").lower() in fields, f"{name} is no gateway setting"
     for name, value in gateway["environment"].items():
         monkeypatch.setenv(name, str(value))
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    settings = Settings(_env_file=None)
     assert settings.triton_grpc_url == "triton:8001"
     assert settings.host == "0.0.0.0"
     assert {settings.regression_model, settings.embedding_model} == set(ENSEMBLES)
