@@ -16,6 +16,7 @@ import pytest
 from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, PROFILES
 from build_models.releases import DEFAULT_RELEASE, release
 from gateway.settings import Settings
+from tests.conftest import ROOT
 from tests.deploy_files import (
     BUILDER_SCRIPT,
     COMPOSE_FILE,
@@ -23,7 +24,6 @@ from tests.deploy_files import (
     GATEWAY_ENV_EXAMPLE,
     GATEWAY_PATHS,
     PROMETHEUS_FILE,
-    ROOT,
     VERSIONS_FILE,
     command_flags,
     interpolations,
