@@ -31,8 +31,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy --strict gateway
-	$(VENV)/bin/mypy build_models load
+	$(VENV)/bin/mypy --strict gateway build_models load devtools tests
 
 pytest: install
 	$(PY) -m pytest -ra
