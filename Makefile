@@ -31,8 +31,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy --strict gateway
-	$(VENV)/bin/mypy build_models load
+	$(VENV)/bin/mypy --strict gateway build_models load devtools tests
 
 # The fast layer (fake Triton client, static checks; seconds): the feedback loop while editing.
 unit: install

@@ -86,7 +86,10 @@ def export_torchscript(encoder: MeanPooledEncoder, vocab_size: int, destination:
     """
     examples = _example_batches(vocab_size)
     with torch.inference_mode(False), torch.no_grad():
-        traced = torch.jit.trace(encoder, examples[1], check_trace=False, strict=False)
+        # torch.jit.trace has no annotations.
+        traced = torch.jit.trace(  # type: ignore[no-untyped-call]
+            encoder, examples[1], check_trace=False, strict=False
+        )
         traced = torch.jit.freeze(traced.eval())
         worst = 0.0
         for ids, mask in examples:

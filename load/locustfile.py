@@ -23,7 +23,8 @@ SEED = int(os.environ.get("LOAD_SEED", "20241010"))
 REQUESTS = make_requests(2000, TEXTS_PER_REQUEST, TextMix(seed=SEED))
 
 
-class PredictUser(HttpUser):
+# Locust is not installed in this project's environment: mypy sees its names as Any.
+class PredictUser(HttpUser):  # type: ignore[misc]
     """An app posting texts to ``/v1/predict``."""
 
     wait_time = between(0.0, 0.05)
@@ -32,7 +33,7 @@ class PredictUser(HttpUser):
         """Each user walks the shared request pool from its own offset."""
         self.requests = itertools.cycle(REQUESTS[id(self) % len(REQUESTS) :] + REQUESTS)
 
-    @task
+    @task  # type: ignore[untyped-decorator]
     def predict(self) -> None:
         """POST one request and check one score per text."""
         texts = next(self.requests)

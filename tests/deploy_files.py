@@ -44,7 +44,8 @@ class Reset:
     """Compose's ``!reset`` tag: remove the key from the merged result."""
 
 
-class _ComposeLoader(yaml.SafeLoader):
+# PyYAML has no type hints (types-PyYAML is not a dependency): its classes are Any to mypy.
+class _ComposeLoader(yaml.SafeLoader):  # type: ignore[misc]
     """PyYAML's safe loader plus the two merge tags Compose adds (``!reset``, ``!override``)."""
 
 

@@ -59,7 +59,7 @@ def running_gateway(
     admin_key, admin_entry = new_key(("admin",))
     port = free_port()
     settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         triton_grpc_url=triton_grpc_url,
         port=port,
         api_keys=[infer_entry, admin_entry],

@@ -16,6 +16,7 @@ import pytest
 from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, PROFILES
 from build_models.releases import DEFAULT_RELEASE, release
 from gateway.settings import Settings
+from tests.conftest import ROOT
 from tests.deploy_files import (
     BUILDER_SCRIPT,
     COMPOSE_FILE,
@@ -23,7 +24,6 @@ from tests.deploy_files import (
     GATEWAY_ENV_EXAMPLE,
     GATEWAY_PATHS,
     PROMETHEUS_FILE,
-    ROOT,
     VERSIONS_FILE,
     command_flags,
     interpolations,
@@ -217,7 +217,7 @@ def test_every_gateway_variable_is_a_setting_and_validates(monkeypatch: pytest.M
         assert name.removeprefix("GATEWAY_").lower() in fields, f"{name} is no gateway setting"
     for name, value in gateway["environment"].items():
         monkeypatch.setenv(name, str(value))
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    settings = Settings(_env_file=None)
     assert settings.triton_grpc_url == "triton:8001"
     assert settings.host == "0.0.0.0"
     assert {settings.regression_model, settings.embedding_model} == set(ENSEMBLES)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.deploy_files import (
     BUILDER_SCRIPT,
     DOCKERFILES,
-    ROOT,
     VERSIONS_FILE,
     read_env_file,
     stack,

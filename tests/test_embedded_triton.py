@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 from pathlib import Path
@@ -57,15 +59,15 @@ def test_model_that_fails_to_load_is_named(cpu_repository: Path, tmp_path: Path)
 def test_numpy_2_is_refused_before_starting(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(embedded.importlib.metadata, "version", lambda name: "2.1.0")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.1.0")
     with pytest.raises(EmbeddedTritonError, match="needs numpy<2"):
         EmbeddedTriton(tmp_path, tmp_path).start()
 
 
 def test_python_without_shared_library_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = embedded.sysconfig.get_config_var
+    real = sysconfig.get_config_var
     monkeypatch.setattr(
-        embedded.sysconfig,
+        sysconfig,
         "get_config_var",
         lambda name: 0 if name == "Py_ENABLE_SHARED" else real(name),
     )

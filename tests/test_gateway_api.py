@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}
-    error = body["error"]
+    error: dict[str, str] = body["error"]
     assert set(error) == {"code", "message", "request_id"}
     assert error["code"] == code
     assert error["message"]
@@ -167,7 +168,7 @@ def test_body_over_the_limit_is_413_before_parsing(gateway: RunningGateway) -> N
     with gateway.client() as client:
         assert_error(client.post("/v1/predict", json=big), 413, "payload_too_large")
 
-        def chunks() -> object:
+        def chunks() -> Iterator[bytes]:
             yield b'{"texts": ['
             for _ in range(100):
                 yield b'"' + b"z" * 1000 + b'",'

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import tritonclient.grpc as grpcclient
 
@@ -27,12 +28,12 @@ MIXED_TEXTS = [
 
 def infer(
     client: grpcclient.InferenceServerClient, model: str, texts: list[str], output: str
-) -> np.ndarray:
+) -> npt.NDArray[np.float32]:
     batch = np.array([[text.encode("utf-8")] for text in texts], dtype=object)
     tensor = grpcclient.InferInput("text", list(batch.shape), "BYTES")
     tensor.set_data_from_numpy(batch)
     result = client.infer(model, [tensor], outputs=[grpcclient.InferRequestedOutput(output)])
-    array = result.as_numpy(output)
+    array: npt.NDArray[np.float32] | None = result.as_numpy(output)  # both outputs are FP32
     assert array is not None
     return array
 

@@ -30,7 +30,8 @@ class TritonPythonModel:
         torch._C._jit_set_profiling_executor(False)
         torch._C._get_graph_executor_optimize(False)
         path = os.path.join(args["model_repository"], args["model_version"], "model.pt")
-        self.encoder = torch.jit.load(path, map_location="cpu").eval()
+        # torch.jit.load has no annotations.
+        self.encoder = torch.jit.load(path, map_location="cpu").eval()  # type: ignore[no-untyped-call]
 
     def execute(self, requests: list[Any]) -> list[Any]:
         inputs = []
