@@ -60,7 +60,7 @@ async def unit_gateway(
         "max_body_bytes": 4096,
         **overrides,
     }
-    settings = Settings(_env_file=None, **options)  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, **options)
     app = create_app(settings, client=triton)
     async with app.router.lifespan_context(app):
         # Starlette re-raises after answering 500 (for the server to log); the answer is what counts.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 
@@ -90,7 +92,7 @@ async def test_a_chunked_body_over_the_limit_is_refused_before_it_is_read_whole(
 ) -> None:
     chunks_sent = 0
 
-    async def chunks():  # type: ignore[no-untyped-def]
+    async def chunks() -> AsyncIterator[bytes]:
         nonlocal chunks_sent
         for _ in range(100):
             chunks_sent += 1
