@@ -625,6 +625,32 @@ async def test_auto_falls_back_to_grpc_when_triton_refuses_the_probe(
     assert manager.pool is None and not fake.system
 
 
+async def test_an_unfinished_auto_probe_leaves_nothing_behind_and_is_tried_again(
+    make_manager: Callable[..., SharedMemoryManager], fake: FakeTriton, no_cuda: None
+) -> None:
+    manager = make_manager(transport="auto", triton_grpc_url="localhost:8001")
+    probe_files = manager.process_prefix + "_[0-9]*"
+    fake.refusing.add("get_system_shared_memory_status")  # Triton not reachable yet
+    with pytest.raises(errors.UpstreamError, match="shared memory setup failed"):
+        await manager.connect()
+    assert manager.pool is None
+    fake.refusing.clear()
+
+    gate = fake.gate("register_system_shared_memory")
+    hook = asyncio.ensure_future(manager.connect())
+    await within(gate.entered.wait())
+    assert len(list(SHM_DIR.glob(probe_files))) == 2  # the probe's slots exist now
+    hook.cancel()  # e.g. the readiness monitor gave up on this connection
+    with pytest.raises(asyncio.CancelledError):
+        await hook
+    assert manager.pool is None and not list(SHM_DIR.glob(probe_files)) and not fake.system
+
+    fake.gates.clear()
+    await manager.connect()  # still undecided: probes again, and this time it registers
+    assert manager.pool is not None and manager.pool.transport == SYSTEM_SHM
+    assert set(fake.system) == {name for slot in manager.pool.live for name in slot.names}
+
+
 async def test_auto_sends_only_large_payloads_through_shared_memory(
     make_manager: Callable[..., SharedMemoryManager], no_cuda: None
 ) -> None:

@@ -89,7 +89,8 @@ class SharedMemoryManager:
         self.pool: RegionPool | None = None
         self._lock_fd: int | None = None
         self._cleaned = False
-        # auto: decided at the first connection (same host and a probe region registers).
+        # auto: decided at the first connection that reaches Triton (same host and a probe
+        # region registers).
         self._auto_decided = False
 
     @classmethod
@@ -185,11 +186,11 @@ class SharedMemoryManager:
     async def _connect(self) -> None:
         self._take_lock()
         if not self._auto_decided:
-            self._auto_decided = True
             if self.mode == "auto":
                 await self._decide_auto()
             else:
                 self.pool = self._new_pool(self.mode)
+            self._auto_decided = True
         if not self._cleaned:
             await self._clean_stale([self.pool.transport] if self.pool is not None else [])
             self._cleaned = True
@@ -213,6 +214,11 @@ class SharedMemoryManager:
                 log.info("transport auto: %s unusable (%s)", transport, exc)
                 await pool.close()
                 continue
+            except BaseException:
+                # Triton unreachable (or we were cancelled): undecided, the next connect probes
+                # again; the probe's regions must not outlive it.
+                await pool.close()
+                raise
             self.pool = pool
             log.info(
                 "transport auto: using %s above %d bytes",
