@@ -228,8 +228,9 @@ class RegionPool:
             self._worker = asyncio.get_running_loop().create_task(self._work())
 
     async def _work(self) -> None:
-        """The pool's one reconcile worker: after each wake-up, reconcile until nothing is left
-        retired, with backoff, at most RETIRE_ATTEMPTS times; later wake-ups start afresh."""
+        """The pool's one reconcile worker: after each wake-up, reconcile with backoff until a
+        reconcile succeeds and leaves nothing retired, at most RETIRE_ATTEMPTS times; a wake-up
+        meanwhile starts a fresh round after this one."""
         while True:
             if not self._wake.is_set():
                 self._idle.set()
