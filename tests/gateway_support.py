@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.ports import free_port
 from gateway.app import create_app
@@ -35,6 +36,18 @@ class RunningGateway:
         merged = {"X-API-Key": self.infer_key} if key == "infer" else {}
         merged.update(headers or {})
         return httpx.Client(base_url=self.base_url, headers=merged, timeout=30, **kwargs)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample of the gateway's /metrics (0 when absent)."""
+        with self.client(key=None) as client:
+            text = client.get("/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return 0.0
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Block until /readyz says 200."""

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import secrets
 import shutil
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcsync
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.triton import EmbeddedTriton
 from gateway.metrics import GatewayMetrics
@@ -31,20 +29,9 @@ from gateway.triton.shm import (
     load_cuda_shared_memory,
     unregister_by_name,
 )
+from gateway.triton.shm.rpc import SharedMemoryRpc
+from tests.conftest import TEXTS, wait_for
 from tests.gateway_support import RunningGateway, running_gateway
-
-TEXTS = ["Excellent blender, five stars.", "Broke after two days.", "It's an okay kettle.", "ok"]
-
-
-def metric(gateway: RunningGateway, name: str, **labels: str) -> float:
-    """The value of one sample of the gateway's /metrics (0 when absent)."""
-    with gateway.client(key=None) as client:
-        text = client.get("/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
 
 
 def registered(url: str) -> set[str]:
@@ -65,26 +52,17 @@ def unique_prefix() -> str:
     return f"test-{secrets.token_hex(3)}"
 
 
-def post(gateway: RunningGateway, route: str, texts: list[str]) -> dict[str, object]:
+def post(gateway: RunningGateway, route: str, texts: list[str]) -> dict[str, Any]:
     with gateway.client() as client:
         response = client.post(route, json={"texts": texts})
     assert response.status_code == 200, response.text
-    body: dict[str, object] = response.json()
+    body: dict[str, Any] = response.json()
     return body
 
 
 def readyz_status(gateway: RunningGateway) -> int:
     with gateway.client(key=None) as client:
         return client.get("/readyz").status_code
-
-
-def wait_for(condition: object, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(condition) and condition():
-            return
-        time.sleep(0.1)
-    raise TimeoutError("condition not met")
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +93,7 @@ def test_system_shm_results_equal_grpc(
         over_shm = post(shm_gateway, route, TEXTS)
         np.testing.assert_allclose(np.array(over_shm[key]), np.array(over_grpc[key]), atol=1e-6)
     assert (
-        metric(
-            shm_gateway,
+        shm_gateway.metric(
             "gateway_triton_request_duration_seconds_count",
             model="text_embedding",
             transport="system_shm",
@@ -134,9 +111,9 @@ def test_more_concurrent_requests_than_regions_all_succeed(shm_gateway: RunningG
         bodies = list(pool.map(lambda t: post(shm_gateway, "/v1/embed", t), texts))
     for body, sent in zip(bodies, texts, strict=True):
         assert np.array(body["embeddings"]).shape == (len(sent), 384)
-    assert metric(shm_gateway, "gateway_shm_region_waits_total", transport="system_shm") >= 1
-    assert metric(shm_gateway, "gateway_shm_fallbacks_total", transport="system_shm") == 0
-    assert metric(shm_gateway, "gateway_shm_regions_in_use", transport="system_shm") == 0
+    assert shm_gateway.metric("gateway_shm_region_waits_total", transport="system_shm") >= 1
+    assert shm_gateway.metric("gateway_shm_fallbacks_total", transport="system_shm") == 0
+    assert shm_gateway.metric("gateway_shm_regions_in_use", transport="system_shm") == 0
 
 
 def test_payload_too_large_for_a_region_falls_back_to_grpc(
@@ -148,11 +125,10 @@ def test_payload_too_large_for_a_region_falls_back_to_grpc(
         triton.grpc_url, transport="system_shm", shm_region_bytes=4096, shm_prefix=unique_prefix()
     ) as small:
         body = post(small, "/v1/embed", texts)
-        fallbacks = metric(
-            small, "gateway_shm_fallbacks_total", transport="system_shm", reason="too_large"
+        fallbacks = small.metric(
+            "gateway_shm_fallbacks_total", transport="system_shm", reason="too_large"
         )
-        on_grpc = metric(
-            small,
+        on_grpc = small.metric(
             "gateway_triton_request_duration_seconds_count",
             model="text_embedding",
             transport="grpc",
@@ -174,7 +150,7 @@ def test_regions_are_registered_again_after_triton_restarts(own_triton: Embedded
         before = post(gw, "/v1/predict", TEXTS)
         assert len(ours(registered(url), prefix)) == 2
         own_triton.stop()
-        wait_for(lambda: readyz_status(gw) == 503)
+        wait_for(lambda: readyz_status(gw) == 503, 30, "readiness to drop")
         own_triton.start()
         assert own_triton.grpc_url == url
         gw.wait_ready()
@@ -183,8 +159,7 @@ def test_regions_are_registered_again_after_triton_restarts(own_triton: Embedded
         after = post(gw, "/v1/predict", TEXTS)
         np.testing.assert_allclose(after["scores"], before["scores"], atol=1e-6)
         assert (
-            metric(
-                gw,
+            gw.metric(
                 "gateway_triton_request_duration_seconds_count",
                 model="text_regression",
                 transport="system_shm",
@@ -246,7 +221,7 @@ async def test_cancelled_request_never_returns_its_region_to_the_pool(
 ) -> None:
     prefix = unique_prefix()
     settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         triton_grpc_url=triton.grpc_url,
         transport="system_shm",
         shm_pool_size=1,
@@ -254,19 +229,19 @@ async def test_cancelled_request_never_returns_its_region_to_the_pool(
         shm_prefix=prefix,
     )
     metrics = GatewayMetrics(CollectorRegistry())
-    client = TritonClient(triton.grpc_url)
-    manager = SharedMemoryManager.from_settings(client.grpc, settings, metrics)
+    client = TritonClient(settings, metrics)
+    over_grpc = TritonClient(settings.model_copy(update={"transport": "grpc"}), metrics)
+    manager = client.shm
     assert manager is not None
-    client.shm = manager
     try:
-        await manager.connect()
-        await client.read_model_config("text_embedding", 10)
+        await client.connect()
+        model = await client.model_info("text_embedding", 10)
         pool = manager.pool
         assert pool is not None
         (slot,) = pool.live
         # About a second of encoder work on a 2-core CPU: long enough to cancel mid-call.
         texts = [f"a long enough review, number {i}, of a kettle. " * 10 for i in range(64)]
-        call = asyncio.ensure_future(client.infer_texts("text_embedding", texts, "embedding"))
+        call = asyncio.ensure_future(client.infer_texts(model, texts, "embedding"))
         await asyncio.sleep(0.05)
         assert not call.done()
         # While the call holds the only slot, no other request gets it (it would go over gRPC).
@@ -284,15 +259,13 @@ async def test_cancelled_request_never_returns_its_region_to_the_pool(
         names = await asyncio.to_thread(registered, triton.grpc_url)
         assert ours(names, prefix) == set(fresh.names)
         assert metrics.shm_regions_in_use.labels("system_shm")._value.get() == 0
-        client.shm = None
-        other = await client.infer_texts("text_embedding", TEXTS, "embedding")
-        client.shm = manager
-        again = await client.infer_texts("text_embedding", TEXTS, "embedding")
+        other = await over_grpc.infer_texts(model, TEXTS, "embedding")
+        again = await client.infer_texts(model, TEXTS, "embedding")
         assert again.transport == "system_shm"
         np.testing.assert_allclose(again.array, other.array, atol=1e-6)
     finally:
-        await manager.close()
         await client.close()
+        await over_grpc.close()
     assert not ours(await asyncio.to_thread(registered, triton.grpc_url), prefix)
     assert not shm_files(prefix)
 
@@ -302,7 +275,7 @@ async def test_cancelled_request_never_returns_its_region_to_the_pool(
 
 async def test_unregister_without_a_name_is_refused() -> None:
     with pytest.raises(ValueError, match="without a region name"):
-        await unregister_by_name(object(), "system_shm", "")
+        await unregister_by_name(cast(SharedMemoryRpc, object()), "system_shm", "")
 
 
 @pytest.mark.parametrize(
@@ -320,11 +293,10 @@ def test_loopback_urls(url: str, loopback: bool) -> None:
 
 
 def test_auto_off_host_uses_grpc() -> None:
-    settings = Settings(_env_file=None, transport="auto", triton_grpc_url="triton:8001")  # type: ignore[call-arg]
-    assert (
-        SharedMemoryManager.from_settings(None, settings, GatewayMetrics(CollectorRegistry()))
-        is None
-    )
+    settings = Settings(_env_file=None, transport="auto", triton_grpc_url="triton:8001")
+    never_called = cast(SharedMemoryRpc, object())
+    metrics = GatewayMetrics(CollectorRegistry())
+    assert SharedMemoryManager.from_settings(never_called, settings, metrics) is None
 
 
 def gpu_available() -> bool:
@@ -354,8 +326,7 @@ def test_cuda_shm_results_equal_grpc(triton: EmbeddedTriton, gateway: RunningGat
                 np.array(over_cuda[key]), np.array(over_grpc[key]), atol=1e-5
             )
         assert (
-            metric(
-                cuda,
+            cuda.metric(
                 "gateway_triton_request_duration_seconds_count",
                 model="text_embedding",
                 transport="cuda_shm",
@@ -365,4 +336,3 @@ def test_cuda_shm_results_equal_grpc(triton: EmbeddedTriton, gateway: RunningGat
     with grpcsync.InferenceServerClient(triton.grpc_url) as client:
         names = set(client.get_cuda_shared_memory_status().regions.keys())
     assert not ours(names, prefix)
-    assert os.environ.get("CUDA_VISIBLE_DEVICES", "0") != ""

@@ -44,6 +44,11 @@ class TritonClient:
         self._client = grpcclient.InferenceServerClient(self.url, channel_args=CHANNEL_ARGS)
         self._shm = SharedMemoryManager.from_settings(self._client, settings, metrics)
 
+    @property
+    def shm(self) -> SharedMemoryManager | None:
+        """The shared-memory pool's manager, when the transport uses one."""
+        return self._shm
+
     async def connect(self) -> None:
         """After every (re)connection: (re)register the shared-memory pool, if there is one."""
         if self._shm is not None:
