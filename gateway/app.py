@@ -20,6 +20,7 @@ from gateway.error_handlers import install_error_handlers
 from gateway.metrics import GatewayMetrics, instrument
 from gateway.middleware import RequestContextMiddleware
 from gateway.openapi import API_DESCRIPTION, install_openapi
+from gateway.rate_limit import RateLimiter
 from gateway.responses import OrjsonResponse
 from gateway.routes import router
 from gateway.service import InferenceService
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None, client: TritonApi | None = None
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.keyring = KeyRing(settings.key_entries)
+    app.state.rate_limiter = RateLimiter(settings.default_rate_limit_policy, metrics)
     install_error_handlers(app)
     instrument(app, metrics.registry)
     app.include_router(router)

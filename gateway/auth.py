@@ -1,7 +1,7 @@
 """API-key authentication with scopes.
 
-Keys are configured only as SHA-256 digests (``digest:scope+scope``); a presented key is hashed
-and compared with every configured digest in constant time. Keys are never logged.
+Keys are configured only as SHA-256 digests (``digest:scope+scope[:rate[/burst]]``); a presented
+key is hashed and compared with every configured digest in constant time. Keys are never logged.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass
 
 from gateway import errors
+from gateway.rate_limit import RateLimit
 
 # "infer" runs the /v1 inference and model-listing routes; "admin" is the scope of the
 # model-management API to come, and no route accepts it yet (an admin-only key gets 403 everywhere).
@@ -21,10 +22,16 @@ DEFAULT_SCOPES = ("infer",)
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller a valid key identifies: its digest prefix (safe to log) and scopes."""
+    """The caller a valid key identifies: its digest, scopes and rate limit (None: the default)."""
 
-    key_id: str
+    digest: str
     scopes: frozenset[str]
+    rate_limit: RateLimit | None = None
+
+    @property
+    def key_id(self) -> str:
+        """The digest's first 8 hex digits: safe to log, enough to tell keys apart."""
+        return self.digest[:8]
 
 
 def hash_key(key: str) -> str:
@@ -42,14 +49,16 @@ class KeyRing:
     """The configured keys."""
 
     def __init__(self, entries: list[str]) -> None:
-        self._keys: list[tuple[bytes, frozenset[str]]] = []
+        self._keys: list[tuple[bytes, frozenset[str], RateLimit | None]] = []
         for entry in entries:
-            digest, _, scope_text = entry.partition(":")
+            digest, _, rest = entry.partition(":")
+            scope_text, _, limit_text = rest.partition(":")
             scopes = frozenset(s for s in scope_text.split("+") if s) or frozenset(DEFAULT_SCOPES)
             unknown = scopes - set(SCOPES)
             if unknown:
                 raise ValueError(f"unknown API key scope(s): {', '.join(sorted(unknown))}")
-            self._keys.append((bytes.fromhex(digest), scopes))
+            limit = RateLimit.parse(limit_text) if limit_text else None
+            self._keys.append((bytes.fromhex(digest), scopes, limit))
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -61,14 +70,14 @@ class KeyRing:
                 "an API key is required: 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
             )
         digest = hashlib.sha256(presented.encode("utf-8")).digest()
-        match: frozenset[str] | None = None
+        match: tuple[frozenset[str], RateLimit | None] | None = None
         # Compare against every key, so timing does not tell how many keys exist or which matched.
-        for known, scopes in self._keys:
+        for known, scopes, limit in self._keys:
             if hmac.compare_digest(known, digest):
-                match = scopes
+                match = (scopes, limit)
         if match is None:
             raise errors.Unauthorized("the API key is not valid")
-        return Principal(key_id=digest.hex()[:8], scopes=match)
+        return Principal(digest=digest.hex(), scopes=match[0], rate_limit=match[1])
 
 
 def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 
 from gateway import errors
 from gateway.auth import KeyRing, Principal, presented_key, require_scope
 from gateway.context import request_id_var
+from gateway.rate_limit import RateLimiter
 from gateway.service import InferenceService
 from gateway.settings import Settings
 
@@ -32,12 +33,14 @@ REQUEST_TIMEOUT_PARAMETER: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class InferenceContext:
-    """What an inference route needs: the service, the caller, the request id and the deadline."""
+    """What an inference route needs: the service, the caller, the request id, the deadline, and
+    the rate-limit headers its answer carries."""
 
     service: InferenceService
     principal: Principal
     request_id: str
     timeout_s: float
+    headers: dict[str, str]
 
 
 async def get_service(request: Request) -> InferenceService:
@@ -69,21 +72,33 @@ def request_deadline(request: Request, settings: Settings) -> float:
     return min(asked, settings.request_timeout_s)
 
 
-async def inference_context(request: Request) -> InferenceContext:
-    """Authenticate for the ``infer`` scope (401/403) and resolve the deadline (422 if malformed)."""
+def admit_caller(request: Request) -> tuple[Principal, dict[str, str]]:
+    """Authenticate for the ``infer`` scope (401/403) and count the request against the key's
+    rate limit (429); return the caller and the rate-limit headers to answer with."""
     principal = require_scope(authenticate(request), "infer")
+    limiter: RateLimiter = request.app.state.rate_limiter
+    return principal, limiter.check(principal.digest, principal.rate_limit)
+
+
+async def inference_context(request: Request) -> InferenceContext:
+    """The caller (401/403/429, :func:`admit_caller`) and the deadline (422 if malformed)."""
+    principal, headers = admit_caller(request)
     settings: Settings = request.app.state.settings
     return InferenceContext(
         service=request.app.state.service,
         principal=principal,
         request_id=request_id_var.get(),
         timeout_s=request_deadline(request, settings),
+        headers=headers,
     )
 
 
-async def inference_principal(request: Request) -> Principal:
-    """A caller allowed to run inference (403 otherwise), for routes that need nothing else."""
-    return require_scope(authenticate(request), "infer")
+async def inference_principal(request: Request, response: Response) -> Principal:
+    """The caller (:func:`admit_caller`), for routes that need nothing else; the rate-limit
+    headers go on the route's answer."""
+    principal, headers = admit_caller(request)
+    response.headers.update(headers)
+    return principal
 
 
 ServiceDep = Annotated[InferenceService, Depends(get_service)]

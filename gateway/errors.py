@@ -99,6 +99,25 @@ class NotReady(ServiceUnavailable):
     code = "not_ready"
 
 
+class Overloaded(ServiceUnavailable):
+    """Refused at once by admission control: the model's queue would not drain in time for this
+    request; retry after ``Retry-After`` seconds."""
+
+    code = "overloaded"
+
+
+class RateLimited(GatewayError):
+    """This API key sent more requests than its rate limit allows; retry after ``Retry-After``."""
+
+    status_code = 429
+    code = "rate_limited"
+    response_headers = {
+        "Retry-After": "Seconds until the key may send again",
+        "RateLimit": "The key's remaining quota and seconds until it is full (r, t)",
+        "RateLimit-Policy": "The key's quota and its window (q, w)",
+    }
+
+
 class UpstreamUnavailable(ServiceUnavailable):
     """Triton answered UNAVAILABLE or could not be reached; retry after ``Retry-After`` seconds."""
 
@@ -141,3 +160,11 @@ class UpstreamError(GatewayError):
 
     status_code = 502
     code = "upstream_error"
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its answer: its work was cancelled, nothing is sent.
+
+    Not a :class:`GatewayError`: there is nobody to answer. The request-context middleware logs
+    it as an ordinary event, not as a failure.
+    """

@@ -51,6 +51,43 @@ class GatewayMetrics:
         self.ready = Gauge(
             "gateway_ready", "1 when the gateway is ready to take traffic", registry=registry
         )
+        self.admission_in_flight = Gauge(
+            "gateway_admission_in_flight_texts",
+            "Texts sent to Triton and not answered yet, per model",
+            ["model"],
+            registry=registry,
+        )
+        self.admission_queued = Gauge(
+            "gateway_admission_queued_texts",
+            "Texts waiting in the gateway's admission queue, per model",
+            ["model"],
+            registry=registry,
+        )
+        self.admission_limit = Gauge(
+            "gateway_admission_limit_texts",
+            "The in-flight limit now (measured drain rate x target), per model",
+            ["model"],
+            registry=registry,
+        )
+        self.admission_wait = Histogram(
+            "gateway_admission_wait_seconds",
+            "Time admitted requests waited in the admission queue, per model",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.admission_decisions = Counter(
+            "gateway_admission_decisions_total",
+            "Admission decisions per model: admitted, refused_queue_full, refused_deadline, "
+            "refused_expired",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            "gateway_rate_limited_total",
+            "Requests refused with 429 by the per-key rate limit",
+            registry=registry,
+        )
         self.shm_regions_in_use = Gauge(
             "gateway_shm_regions_in_use",
             "Shared-memory regions held by requests",

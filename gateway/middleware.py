@@ -21,6 +21,8 @@ from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("gateway.access")
 log_errors = logging.getLogger("gateway.errors")
+# The status access logs use for a client that closed the connection before the answer (nginx's).
+CLIENT_CLOSED_REQUEST = 499
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 
 
@@ -94,6 +96,9 @@ class RequestContextMiddleware:
                 receive = _replay(body, receive)
             try:
                 await self.app(scope, receive, send_with_headers)
+            except errors.ClientDisconnected:
+                # An ordinary event (its Triton calls were cancelled); the access line says 499.
+                status.setdefault("code", CLIENT_CLOSED_REQUEST)
             except Exception:
                 # Answered here, inside the request's context, so the 500 carries its request id
                 # and the traceback is logged once (Starlette's outer handler would log it again).

@@ -1,13 +1,16 @@
 """The inference service: what the routes call, and the owner of every Triton call they need.
 
-It validates limits, splits requests above a model's ``max_batch_size`` into concurrent Triton
-calls and reassembles them in order, all or nothing, and keeps the gateway's readiness (the warm-up
-that gates it reads each model's configuration: the one record of what the gateway knows of it).
+It validates limits, admits each request through the model's admission control (bounded work in
+Triton, a bounded deadline-aware queue: ``gateway/admission.py``), splits requests above a model's
+``max_batch_size`` into concurrent Triton calls and reassembles them in order, all or nothing, and
+keeps the gateway's readiness (the warm-up that gates it reads each model's configuration: the one
+record of what the gateway knows of it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -17,11 +20,12 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway import errors
+from gateway.admission import AdmissionController, AdmissionLimits
 from gateway.context import timings_var
 from gateway.metrics import GatewayMetrics
 from gateway.readiness import Readiness, ReadinessMonitor
 from gateway.settings import Settings
-from gateway.triton.api import ModelInfo, RepositoryEntry, TritonApi
+from gateway.triton.api import InferOutcome, ModelInfo, RepositoryEntry, TritonApi
 
 T = TypeVar("T")
 SCORE_OUTPUT = "score"
@@ -51,6 +55,9 @@ class InferenceService:
         }
         # Filled by each warm-up; requests are refused (not ready) until the first one passed.
         self._models: dict[str, ModelInfo] = {}
+        # Created at the first warm-up (sized from the model's configuration), kept across
+        # re-warm-ups so that the measured drain rate survives a Triton restart.
+        self._admission: dict[str, AdmissionController] = {}
         self._monitor = ReadinessMonitor(
             client, list(self.routes.values()), self.warm_up, settings, metrics
         )
@@ -86,7 +93,28 @@ class InferenceService:
             EMBEDDING_OUTPUT,
             timeout_s=timeout_s,
         )
+        if self.settings.admission_enabled:
+            for name, info in models.items():
+                if name not in self._admission:
+                    self._admission[name] = AdmissionController(
+                        name, self.admission_limits(info), self.metrics
+                    )
         self._models = models
+
+    def admission_limits(self, model: ModelInfo) -> AdmissionLimits:
+        """The model's admission sizes: the settings, with defaults from its ``max_batch_size``."""
+        settings = self.settings
+        batch = max(1, model.max_batch_size)
+        ceiling = settings.admission_max_in_flight or 2 * batch
+        return AdmissionLimits(
+            target_s=settings.admission_target_s,
+            max_wait_s=settings.admission_max_wait_s,
+            min_in_flight=min(settings.admission_min_in_flight, ceiling),
+            max_in_flight=ceiling,
+            max_queue=batch
+            if settings.admission_max_queue is None
+            else settings.admission_max_queue,
+        )
 
     async def predict(
         self, texts: Sequence[str], model_version: str | None, timeout_s: float, request_id: str
@@ -149,6 +177,37 @@ class InferenceService:
         model = self._models.get(model_name)
         if not state.ready or model is None:
             raise errors.NotReady(f"not ready: {state.reason}", self.settings.retry_after_s)
+        deadline = time.monotonic() + timeout_s
+        admission = self._admission.get(model_name)
+        async with admission.admit(len(texts), deadline) if admission else contextlib.nullcontext():
+            outcomes, elapsed = await self._infer_chunks(
+                model, output, texts, model_version, deadline, request_id
+            )
+        # The transports the chunks really used, mixed only when some chunks of one request fell
+        # back from shared memory: e.g. "grpc+system_shm".
+        transports = "+".join(sorted({outcome.transport for outcome in outcomes}))
+        self.metrics.triton_latency.labels(model_name, transports).observe(elapsed)
+        versions = {outcome.model_version for outcome in outcomes}
+        values = (
+            outcomes[0].array if len(outcomes) == 1 else np.concatenate([o.array for o in outcomes])
+        )
+        return ModelResult(model_name, ",".join(sorted(versions)), values)
+
+    async def _infer_chunks(
+        self,
+        model: ModelInfo,
+        output: str,
+        texts: Sequence[str],
+        model_version: str | None,
+        deadline: float,
+        request_id: str,
+    ) -> tuple[list[InferOutcome], float]:
+        """The Triton calls of one request (split above ``max_batch_size``), and their time."""
+        # The time left after the admission queue: Triton gets it too, and drops the request
+        # unexecuted once it passes (the models' queue policy, timeout_action REJECT).
+        timeout_s = deadline - time.monotonic()
+        if timeout_s <= 0:
+            raise errors.UpstreamTimeout("the deadline passed before the request reached Triton")
         limit = model.max_batch_size or len(texts)
         chunks = [texts[start : start + limit] for start in range(0, len(texts), limit)]
         started = time.perf_counter()
@@ -167,22 +226,14 @@ class InferenceService:
                 ]
             )
         except errors.GatewayError as exc:
-            self.metrics.triton_errors.labels(model_name, exc.upstream_status or exc.code).inc()
+            self.metrics.triton_errors.labels(model.name, exc.upstream_status or exc.code).inc()
             raise
         finally:
             elapsed = time.perf_counter() - started
             timings = timings_var.get()
             if timings is not None:
                 timings.triton_seconds += elapsed
-        # The transports the chunks really used, mixed only when some chunks of one request fell
-        # back from shared memory: e.g. "grpc+system_shm".
-        transports = "+".join(sorted({outcome.transport for outcome in outcomes}))
-        self.metrics.triton_latency.labels(model_name, transports).observe(elapsed)
-        versions = {outcome.model_version for outcome in outcomes}
-        values = (
-            outcomes[0].array if len(outcomes) == 1 else np.concatenate([o.array for o in outcomes])
-        )
-        return ModelResult(model_name, ",".join(sorted(versions)), values)
+        return outcomes, elapsed
 
 
 async def all_or_nothing(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gateway.rate_limit import RateLimit
+
 Transport = Literal["grpc", "system_shm", "cuda_shm", "auto"]
 MODEL_VERSION_PATTERN = r"^[1-9][0-9]{0,8}$"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -37,12 +39,34 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(0.5, gt=0, le=2.0, description="readiness monitor period")
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with every 503")
 
+    # Admission control (gateway/admission.py): per model, in texts.
+    admission_enabled: bool = True
+    admission_target_s: float = Field(
+        0.1, gt=0, description="in-flight limit = measured drain rate x this (Little's law)"
+    )
+    admission_max_wait_s: float = Field(
+        0.25, gt=0, description="longest expected wait in the admission queue before a refusal"
+    )
+    admission_min_in_flight: int = Field(8, ge=1, description="floor of the in-flight limit")
+    admission_max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="ceiling of the in-flight limit; default 2 x the model's max_batch_size",
+    )
+    admission_max_queue: int | None = Field(
+        None, ge=0, description="texts that may wait; default the model's max_batch_size"
+    )
+    # Per-key rate limit for keys whose entry sets none (requests/s; None: unlimited).
+    default_rate_limit: float | None = Field(None, gt=0)
+    default_rate_burst: int | None = Field(None, ge=1, description="default: 2 x the rate, >= 1")
+
     # Limits
     max_texts_per_request: int = Field(512, ge=1)
     max_text_chars: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
 
-    # Auth: SHA-256 hex digests of API keys, each "digest:scope1+scope2" (scopes: gateway/auth.py).
+    # Auth: SHA-256 hex digests of API keys, each "digest:scope1+scope2[:rate[/burst]]" (scopes:
+    # gateway/auth.py; rate: requests/s, gateway/rate_limit.py).
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_keys_file: Path | None = None
     protect_metrics: bool = False
@@ -77,6 +101,14 @@ class Settings(BaseSettings):
             if not _SHA256.match(digest):
                 raise ValueError("each API key entry must be 'sha256hex[:scope+scope]'")
         return value
+
+    @property
+    def default_rate_limit_policy(self) -> RateLimit | None:
+        """The rate limit of keys whose entry sets none."""
+        if self.default_rate_limit is None:
+            return None
+        burst = self.default_rate_burst or RateLimit.default_burst(self.default_rate_limit)
+        return RateLimit(self.default_rate_limit, burst)
 
     @cached_property
     def key_entries(self) -> list[str]:

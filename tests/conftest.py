@@ -8,10 +8,12 @@ needs a model build or a real server is marked ``triton`` here, from the fixture
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,6 +39,19 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def model_statistics(server: EmbeddedTriton, model: str) -> dict[str, int]:
+    """Triton's own counters for ``model``: inferences (texts), executions (batches), successful
+    and failed requests."""
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats") as answer:
+        stats = json.load(answer)["model_stats"][0]
+    return {
+        "inference_count": int(stats["inference_count"]),
+        "execution_count": int(stats["execution_count"]),
+        "success": int(stats["inference_stats"]["success"]["count"]),
+        "fail": int(stats["inference_stats"]["fail"]["count"]),
+    }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from build_models.pipeline import ReferencePipeline
 from build_models.profiles import render_repository
 from devtools.ports import free_port
 from devtools.triton import EmbeddedTriton
-from tests.conftest import wait_for
+from tests.conftest import model_statistics, wait_for
 from tests.gateway_support import RunningGateway, running_gateway
 
 SMALL_BATCH = 8
@@ -26,15 +25,6 @@ SMALL_BATCH = 8
 def readyz(gateway: RunningGateway) -> httpx.Response:
     with gateway.client(key=None) as client:
         return client.get("/readyz")
-
-
-def ensemble_stats(server: EmbeddedTriton, model: str) -> dict[str, int]:
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats") as answer:
-        stats = json.load(answer)["model_stats"][0]
-    return {
-        "requests": int(stats["inference_stats"]["success"]["count"]),
-        "inferences": int(stats["inference_count"]),
-    }
 
 
 def test_not_ready_and_fast_503_while_triton_is_absent() -> None:
@@ -56,8 +46,8 @@ def test_not_ready_and_fast_503_while_triton_is_absent() -> None:
 def test_readiness_follows_triton_down_and_back(own_triton: EmbeddedTriton) -> None:
     with running_gateway(own_triton.grpc_url) as gateway:
         # Ready only after the gateway's own warm-up went through both ensembles.
-        assert ensemble_stats(own_triton, "text_regression")["requests"] >= 1
-        assert ensemble_stats(own_triton, "text_embedding")["requests"] >= 1
+        assert model_statistics(own_triton, "text_regression")["success"] >= 1
+        assert model_statistics(own_triton, "text_embedding")["success"] >= 1
         assert readyz(gateway).status_code == 200
 
         own_triton.kill()
@@ -69,7 +59,7 @@ def test_readiness_follows_triton_down_and_back(own_triton: EmbeddedTriton) -> N
         own_triton.start()
         # The fresh server has served nothing; readiness must wait for the gateway's warm-up.
         wait_for(lambda: readyz(gateway).status_code == 200, 60, "readiness to return")
-        assert ensemble_stats(own_triton, "text_regression")["requests"] >= 1
+        assert model_statistics(own_triton, "text_regression")["success"] >= 1
         with gateway.client() as client:
             back = client.post("/v1/predict", json={"texts": ["hello"]})
         assert back.status_code == 200
@@ -95,14 +85,14 @@ def test_requests_above_max_batch_size_are_split_and_reassembled(
 ) -> None:
     texts = [f"Review number {i}: " + "good " * (i % 7) + "bad " * (i % 5) for i in range(30)]
     with running_gateway(small_batch_triton.grpc_url) as gateway:
-        before = ensemble_stats(small_batch_triton, "text_regression")
+        before = model_statistics(small_batch_triton, "text_regression")
         with gateway.client() as client:
             response = client.post("/v1/predict", json={"texts": texts})
             embedded = client.post("/v1/embed", json={"texts": texts})
-        after = ensemble_stats(small_batch_triton, "text_regression")
+        after = model_statistics(small_batch_triton, "text_regression")
     assert response.status_code == 200, response.text
-    assert after["requests"] - before["requests"] == 4  # ceil(30 / 8) concurrent Triton requests
-    assert after["inferences"] - before["inferences"] == 30
+    assert after["success"] - before["success"] == 4  # ceil(30 / 8) concurrent Triton requests
+    assert after["inference_count"] - before["inference_count"] == 30
     reference = ReferencePipeline(built_repository)
     expected = np.concatenate(
         [reference.score(texts[i : i + SMALL_BATCH]) for i in range(0, 30, SMALL_BATCH)]

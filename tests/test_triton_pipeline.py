@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from build_models.pipeline import ReferencePipeline
 from build_models.profiles import render_repository
 from devtools.triton import EmbeddedTriton
+from tests.conftest import model_statistics
 
 MIXED_TEXTS = [
     "Great product, works exactly as described.",
@@ -68,15 +67,6 @@ def test_padding_is_per_request_and_a_multiple_of_16(reference: ReferencePipelin
     assert ids.shape[1] == 48
     ids, _ = reference.tokenize(["word " * 1000])
     assert ids.shape[1] == 256
-
-
-def model_statistics(server: EmbeddedTriton, model: str) -> dict[str, int]:
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats") as answer:
-        stats = json.load(answer)["model_stats"][0]
-    return {
-        "inference_count": int(stats["inference_count"]),
-        "execution_count": int(stats["execution_count"]),
-    }
 
 
 def test_dynamic_batching_forms_batches_under_concurrency(triton: EmbeddedTriton) -> None:

@@ -19,6 +19,8 @@ T = TypeVar("T")
 
 INFERENCE_ERRORS = error_responses(
     *AUTH_ERRORS,
+    errors.RateLimited,
+    errors.Overloaded,
     errors.BadRequest,
     errors.ModelNotFound,
     errors.PayloadTooLarge,
@@ -43,7 +45,7 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            raise asyncio.CancelledError("client disconnected")
+            raise errors.ClientDisconnected()
         return task.result()
     finally:
         watcher.cancel()
@@ -80,7 +82,8 @@ async def predict(body: PredictRequest, request: Request, context: InferenceCont
             "model_version": result.model_version,
             "scores": result.values,
             "request_id": context.request_id,
-        }
+        },
+        headers=context.headers,
     )
 
 
@@ -107,5 +110,6 @@ async def embed(body: EmbedRequest, request: Request, context: InferenceContextD
             "dimension": int(result.values.shape[1]),
             "embeddings": result.values,
             "request_id": context.request_id,
-        }
+        },
+        headers=context.headers,
     )

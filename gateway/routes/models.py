@@ -22,6 +22,7 @@ router = APIRouter(prefix="/v1")
     response_model=ModelsResponse,
     responses=error_responses(
         *AUTH_ERRORS,
+        errors.RateLimited,
         errors.UpstreamUnavailable,
         errors.UpstreamError,
         errors.UpstreamTimeout,

@@ -35,6 +35,16 @@ CHANNEL_ARGS = [
 ]
 
 
+def triton_timeout_us(timeout_s: float | None) -> int | None:
+    """The request's deadline for Triton itself, in whole microseconds (at least 1).
+
+    ``client_timeout`` only ends the wait on this side; with this per-request timeout (and the
+    models' queue policy ``timeout_action: REJECT``), Triton drops a request whose caller has given
+    up before executing it.
+    """
+    return None if timeout_s is None else max(1, int(timeout_s * 1_000_000))
+
+
 class TritonClient:
     """Async gRPC client for the gateway's models (one per process; create it inside the loop)."""
 
@@ -125,6 +135,7 @@ class TritonClient:
                 model_version=model_version,
                 outputs=[grpcclient.InferRequestedOutput(output)],
                 request_id=request_id,
+                timeout=triton_timeout_us(timeout_s),
                 client_timeout=timeout_s,
             )
         )
@@ -164,6 +175,7 @@ class TritonClient:
                         model_version=model_version,
                         outputs=[requested],
                         request_id=request_id,
+                        timeout=triton_timeout_us(timeout_s),
                         client_timeout=timeout_s,
                     )
                 )

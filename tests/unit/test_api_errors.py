@@ -119,7 +119,9 @@ async def test_request_timeout_only_shortens_the_deadline(gateway: UnitGateway) 
             headers={**gateway.auth, "X-Request-Timeout": asked},
         )
         assert response.status_code == 200
-        assert gateway.triton.infer_calls()[-1].timeout_s == expected
+        # Triton gets what is left of the deadline when the request reaches it.
+        sent = gateway.triton.infer_calls()[-1].timeout_s
+        assert sent is not None and expected - 0.5 < sent <= expected
 
 
 async def test_unknown_route_and_method(gateway: UnitGateway) -> None:
