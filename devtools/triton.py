@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import re
 import secrets
@@ -31,6 +32,11 @@ DEFAULT_MODELS = ("text_regression", "text_embedding")
 # gain (121 -> 129 texts/s at 16 clients, docs/benchmarks.md); it matters more for multi-threaded pools.
 CPU_RUNTIME_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 SHM_DIR = Path("/dev/shm")
+# Triton 2.51's Python backend can abort while starting its stubs on a starved machine
+# ("boost::interprocess::lock_exception", SIGABRT; an upstream bug, triton-inference-server/server
+# #8882): such a crash is not the configuration's fault, so a start tries once more.
+CRASH_RETRIES = 1
+log = logging.getLogger(__name__)
 
 
 class EmbeddedTritonError(RuntimeError):
@@ -39,6 +45,10 @@ class EmbeddedTritonError(RuntimeError):
 
 class PortInUseError(EmbeddedTritonError):
     """One of the requested ports is taken by another process."""
+
+
+class StartupCrash(EmbeddedTritonError):
+    """The server died of a signal while starting (not a configuration error)."""
 
 
 class ModelLoadError(EmbeddedTritonError):
@@ -212,9 +222,9 @@ class EmbeddedTriton:
         _check_numpy()
         self.workdir.mkdir(parents=True, exist_ok=True)
         binary = prepare_server(self.workdir)
-        attempts_left = 1 if self._fixed_ports else 3
+        port_attempts_left = 1 if self._fixed_ports else 3
+        crash_retries_left = CRASH_RETRIES
         while True:
-            attempts_left -= 1
             self._server = ManagedServer(
                 self.command(binary),
                 self.ready_url,
@@ -228,9 +238,16 @@ class EmbeddedTriton:
             except ServerStartError as exc:
                 failure = self._failure(exc)
                 self.stop()
-                if not isinstance(failure, PortInUseError) or attempts_left == 0:
+                if isinstance(failure, PortInUseError) and port_attempts_left > 1:
+                    port_attempts_left -= 1
+                    self.ports = Ports(*free_ports(3))
+                elif isinstance(failure, StartupCrash) and crash_retries_left > 0:
+                    crash_retries_left -= 1
+                    log.warning(
+                        "tritonserver crashed while starting; starting it again: %s", failure
+                    )
+                else:
                     raise failure from None
-                self.ports = Ports(*free_ports(3))
 
     def log_tail(self) -> str:
         """The last lines of the server log."""
@@ -246,8 +263,13 @@ class EmbeddedTriton:
         failed = re.search(r"failed to load '([^']+)' version \d+: (.*)", text)
         if failed:
             return ModelLoadError(failed.group(1), failed.group(2).strip(), tail)
+        code = self.process.returncode if self.process else None
+        if exc.exited and code is not None and code < 0:
+            return StartupCrash(
+                f"tritonserver died of signal {-code} while starting\n"
+                f"--- server log tail ---\n{tail}"
+            )
         if exc.exited:
-            code = self.process.returncode if self.process else None
             return EmbeddedTritonError(
                 f"tritonserver exited early (rc {code})\n--- server log tail ---\n{tail}"
             )
