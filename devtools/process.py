@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -43,15 +44,21 @@ def launch_logged_child(
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` in its own process group, output to ``log_path``, dying with us."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # A preexec_fn makes Python fork() instead of vfork(), and fork() in a process whose gRPC
+    # threads are busy (a gateway or a Triton client in the same process) can abort the child
+    # before it execs. util-linux's setpriv sets the same parent-death signal with no Python code
+    # in the child; the preexec_fn stays as the fallback where setpriv is missing.
+    setpriv = shutil.which("setpriv")
+    argv = [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else list(command)
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            list(command),
+            argv,
             env=dict(env) if env is not None else None,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=None if setpriv else die_with_parent,
         )
 
 
