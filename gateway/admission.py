@@ -7,12 +7,13 @@ work whose callers have given up (goodput falls to a fraction of capacity, laten
 The unit is the text (a request of n texts costs n). Per model:
 
 - **In flight** (sent to Triton, not answered) is capped by a limit that follows Little's law:
-  ``measured drain rate x target_s``, between a floor and a ceiling. So the work inside Triton
+  ``measured drain rate x target_s``, between a floor and a ceiling. The drain rate is measured
+  only while requests wait (when it is the model's capacity, not the arrival rate). So the work inside Triton
   drains in about ``target_s``, whatever the hardware: ~7 texts on the 2-core CPU, hundreds on a GPU.
 - **Waiting** requests queue in FIFO order, at most ``max_queue`` texts.
 - A request is **refused at once** (503 with ``Retry-After``) when the queue is full, or when the
   queue ahead of it would not drain (at the measured rate) before its own deadline or within
-  ``max_wait_s``. A refusal costs microseconds; Triton never sees the request.
+  ``max_wait_s``; a waiter still queued after ``max_wait_s`` (or at its deadline) is refused then. A refusal costs microseconds; Triton never sees the request.
 
 ``Retry-After`` is the time the whole backlog needs to drain at the measured rate, in whole seconds.
 """
@@ -46,7 +47,7 @@ class AdmissionLimits:
 
 
 class DrainRate:
-    """Texts completed per second over the last ``RATE_WINDOW_S`` seconds."""
+    """Texts completed per second over the last ``RATE_WINDOW_S`` seconds (of those recorded)."""
 
     def __init__(self) -> None:
         self._completions: deque[tuple[float, int]] = deque()
@@ -131,7 +132,10 @@ class AdmissionController:
             yield
         finally:
             self.in_flight -= cost
-            self._rate.record(cost, self.clock())
+            if self._waiters:
+                # Only a completion with work waiting measures capacity: one at low load measures
+                # the arrival rate, and would make the queue look slower than it is.
+                self._rate.record(cost, self.clock())
             self._grant()
             self._publish()
 

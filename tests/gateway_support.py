@@ -77,7 +77,13 @@ def running_gateway(
         port=port,
         api_keys=[infer_entry, admin_entry],
         health_interval_s=0.2,
-        **overrides,
+        **{
+            # These tests send bursts to check other things (pools, splitting, cancellation) on a
+            # shared 2-core machine: admission may queue them for as long as their deadline, and
+            # only tests about overload set a tighter queue budget.
+            "admission_max_wait_s": 30.0,
+            **overrides,
+        },
     )
     server = uvicorn.Server(
         uvicorn.Config(

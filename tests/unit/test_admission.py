@@ -89,12 +89,21 @@ async def test_a_full_queue_is_refused_at_once_with_retry_after() -> None:
         assert admission.queued == 0  # a cancelled waiter leaves the queue
 
 
+async def saturate(admission: AdmissionController) -> None:
+    """Two texts finish while others wait: the measured rate is 2 texts per quarter window."""
+    async with AsyncExitStack() as stack:
+        await hold(stack, admission, 1)
+        await hold(stack, admission, 1)
+        waiters = [asyncio.create_task(hold(AsyncExitStack(), admission, 1)) for _ in range(2)]
+        await wait_until(lambda: admission.queued == 2)
+    await asyncio.gather(*waiters)
+    admission.in_flight = 0  # the waiters' stacks are never closed: drop their holds by hand
+
+
 async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> None:
     clock = Clock()
     admission = controller(clock)
-    # Two texts finish at once: the measured drain rate is 2 texts per quarter window.
-    async with admission.admit(2, deadline=clock() + 10):
-        pass
+    await saturate(admission)
     rate = admission._rate.per_second(clock())
     assert rate == pytest.approx(2 / (RATE_WINDOW_S / 4))
     async with AsyncExitStack() as stack:
@@ -103,6 +112,15 @@ async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> No
         with pytest.raises(errors.Overloaded, match="would start"):
             await stack.enter_async_context(admission.admit(2, deadline=clock() + 0.1))
         assert admission.queued == 0
+
+
+async def test_completions_at_low_load_do_not_count_as_capacity() -> None:
+    clock = Clock()
+    admission = controller(clock)
+    for _ in range(5):
+        async with admission.admit(1, deadline=clock() + 10):
+            clock.now += 0.01
+    assert admission._rate.per_second(clock()) == 0.0
 
 
 async def test_a_waiter_whose_wait_passes_max_wait_is_refused() -> None:
@@ -118,9 +136,9 @@ async def test_the_limit_follows_the_drain_rate_between_floor_and_ceiling() -> N
     clock = Clock()
     admission = controller(clock, min_in_flight=2)
     assert admission.limit(clock()) == 2
-    for _ in range(50):  # 500 texts in 1 s: 500 texts/s x 0.1 s target = 50
-        async with admission.admit(10, deadline=clock() + 10):
-            clock.now += 0.02
+    for _ in range(50):  # 500 texts in 1 s while saturated: 500 texts/s x 0.1 s target = 50
+        clock.now += 0.02
+        admission._rate.record(10, clock())
     assert admission.limit(clock()) == pytest.approx(50, abs=3)
     clock.now += RATE_WINDOW_S + 1  # idle: the measurement expires, the floor returns
     assert admission.limit(clock()) == 2
