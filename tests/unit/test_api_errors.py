@@ -130,6 +130,26 @@ async def test_unknown_route_and_method(gateway: UnitGateway) -> None:
 
 
 @pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/predict", {"POST"}),
+        ("OPTIONS", "/v1/embed", {"POST"}),
+        ("DELETE", "/v1/models", {"GET"}),
+        ("POST", "/livez", {"GET"}),
+        ("PUT", "/openapi.json", {"GET", "HEAD"}),
+        ("POST", "/docs/static/swagger-ui.css", {"GET", "HEAD"}),
+    ],
+)
+async def test_method_not_allowed_names_the_methods_the_path_has(
+    gateway: UnitGateway, method: str, path: str, allowed: set[str]
+) -> None:
+    response = await gateway.client.request(method, path, headers=gateway.auth)
+    error = assert_error(response, 405, "method_not_allowed")
+    assert {name.strip() for name in response.headers["allow"].split(",")} == allowed
+    assert method in error["message"]
+
+
+@pytest.mark.parametrize(
     ("failure", "status", "code"),
     [
         (errors.UpstreamUnavailable("Triton: gone", 3), 503, "upstream_unavailable"),
