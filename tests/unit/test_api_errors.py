@@ -103,16 +103,36 @@ async def test_a_chunked_body_over_the_limit_is_refused_before_it_is_read_whole(
     assert chunks_sent < 100
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "abc", "nan"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "0", "-0", "-1", "abc", "", "0x10", "nan", "NaN", "inf", "-inf", "Infinity",
+        # Too short to be met: 504 for certain, so refused as a mistake (5e-324 was found fuzzing).
+        "5e-324", "0.0009", "1e-400",
+        # Not JSON numbers, though float() reads them.
+        "1_0", "+1", ".5", "1.",
+    ],
+)  # fmt: skip
 async def test_unusable_request_timeout_is_422(gateway: UnitGateway, value: str) -> None:
     response = await gateway.client.post(
-        "/v1/predict", json={"texts": ["hi"]}, headers={**gateway.auth, "X-Request-Timeout": value}
+        "/v1/predict",
+        json={"texts": ["hi"]},
+        headers={**gateway.auth, "X-Request-Timeout": value},
     )
-    assert_error(response, 422, "invalid_request")
+    error = assert_error(response, 422, "invalid_request")
+    assert "X-Request-Timeout" in error["message"]
+    assert not gateway.triton.infer_calls()
 
 
 async def test_request_timeout_only_shortens_the_deadline(gateway: UnitGateway) -> None:
-    for asked, expected in (("0.5", 0.5), ("999", gateway.settings.request_timeout_s)):
+    configured = gateway.settings.request_timeout_s
+    for asked, expected in (
+        ("0.5", 0.5),
+        ("0.001", 0.001),  # the documented minimum
+        ("2E-1", 0.2),
+        ("999", configured),
+        ("1e400", configured),  # a valid numeral past float range is just a long deadline
+    ):
         response = await gateway.client.post(
             "/v1/predict",
             json={"texts": ["hi"]},
