@@ -8,6 +8,7 @@ per request, more than the rest of the gateway (docs/benchmarks.md). Every depen
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -21,13 +22,22 @@ from gateway.service import InferenceService
 from gateway.settings import Settings
 
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
+# The shortest deadline a caller may ask for: below a millisecond no Triton call can finish, so such
+# a value is a mistake (5e-324 was one), refused as 422 rather than answered with a certain 504.
+MIN_REQUEST_TIMEOUT_S = 0.001
+# A JSON number, as the document's ``type: number`` says: float() alone would also take "nan",
+# "inf", "1_0", " 1" and non-ASCII digits, none of which a schema-validating client could send.
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 # Documented by hand because inference_context reads it from the request directly.
 REQUEST_TIMEOUT_PARAMETER: dict[str, Any] = {
     "name": "X-Request-Timeout",
     "in": "header",
     "required": False,
-    "description": "Seconds this request may take; capped at the gateway's configured deadline",
-    "schema": {"type": "number", "exclusiveMinimum": 0},
+    "description": (
+        f"Seconds this request may take, at least {MIN_REQUEST_TIMEOUT_S}; capped at the "
+        "gateway's configured deadline"
+    ),
+    "schema": {"type": "number", "minimum": MIN_REQUEST_TIMEOUT_S},
 }
 
 
@@ -59,16 +69,20 @@ def authenticate(request: Request) -> Principal:
 
 
 def request_deadline(request: Request, settings: Settings) -> float:
-    """The request's deadline in seconds: the caller's, but never more than the configured one."""
+    """The request's deadline in seconds: the caller's, but never more than the configured one.
+
+    ``X-Request-Timeout`` must be a number (JSON syntax) of at least :data:`MIN_REQUEST_TIMEOUT_S`
+    seconds; anything else (NaN, infinity, zero, negative, too small, not a number) is 422.
+    """
     raw = request.headers.get(REQUEST_TIMEOUT_HEADER)
     if raw is None:
         return settings.request_timeout_s
-    try:
-        asked = float(raw)
-    except ValueError:
-        asked = 0.0
-    if not asked > 0:
-        raise errors.InvalidRequest("X-Request-Timeout must be a positive number of seconds")
+    # A numeral too large for a float reads as inf: a valid, huge number, capped below like any other.
+    asked = float(raw) if _JSON_NUMBER.fullmatch(raw) else None
+    if asked is None or not asked >= MIN_REQUEST_TIMEOUT_S:
+        raise errors.InvalidRequest(
+            f"X-Request-Timeout must be a number of seconds, at least {MIN_REQUEST_TIMEOUT_S}"
+        )
     return min(asked, settings.request_timeout_s)
 
 

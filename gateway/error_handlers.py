@@ -35,11 +35,17 @@ def error_response(error: errors.GatewayError) -> Response:
     )
 
 
-def _from_http_exception(exc: StarletteHTTPException) -> errors.GatewayError:
+def _from_http_exception(request: Request, exc: StarletteHTTPException) -> errors.GatewayError:
+    # The framework's headers are protocol, not decoration: every 405 it raises carries `Allow`
+    # (routes and static files alike), which RFC 9110 requires of a 405 answer.
+    headers = dict(exc.headers or {})
+    message = str(exc.detail)
+    if exc.status_code == 405 and "Allow" in headers:
+        message = f"{request.method} is not allowed here; allowed: {headers['Allow']}"
     error_class = HTTP_STATUS_TO_ERROR.get(exc.status_code)
     if error_class is not None:
-        return error_class(str(exc.detail))
-    return errors.HttpError(str(exc.detail), exc.status_code)
+        return error_class(message, headers)
+    return errors.HttpError(message, exc.status_code, headers)
 
 
 def _from_validation_error(exc: RequestValidationError) -> errors.GatewayError:
@@ -67,9 +73,9 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return error_response(_from_validation_error(exc))
 
-    async def http_error(_: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return error_response(_from_http_exception(exc))
+        return error_response(_from_http_exception(request, exc))
 
     app.add_exception_handler(errors.GatewayError, gateway_error)
     app.add_exception_handler(RequestValidationError, validation_error)

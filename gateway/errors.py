@@ -62,10 +62,11 @@ class NotFound(GatewayError):
 
 
 class MethodNotAllowed(GatewayError):
-    """The route exists, the method does not."""
+    """The route exists, the method does not; ``Allow`` lists the methods it has."""
 
     status_code = 405
     code = "method_not_allowed"
+    response_headers = {"Allow": "The methods the path supports"}
 
 
 class PayloadTooLarge(GatewayError):
@@ -146,12 +147,14 @@ class ModelNotFound(GatewayError):
 
 
 class HttpError(GatewayError):
-    """Any other HTTP-level refusal by the framework, with its own status."""
+    """Any other HTTP-level refusal by the framework, with its own status (and headers)."""
 
     code = "http_error"
 
-    def __init__(self, message: str, status_code: int) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, status_code: int, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message, headers)
         self.status_code = status_code
 
 

@@ -1,4 +1,5 @@
-"""The OpenAPI document: error responses generated from the error classes, and the API-key schemes."""
+"""The OpenAPI document: error responses generated from the error classes, the API-key schemes,
+and the limits of the gateway that serves it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from gateway import errors
-from gateway.schemas import ErrorResponse
+from gateway.schemas import ErrorResponse, TextsRequest
+from gateway.settings import Settings
 
 API_DESCRIPTION = """
 Scores texts with a BERT encoder and a random-forest regressor served by NVIDIA Triton.
@@ -42,8 +44,35 @@ def error_responses(*error_classes: type[errors.GatewayError]) -> dict[int | str
     return responses
 
 
+def _texts_requests(model: type[TextsRequest] = TextsRequest) -> list[type[TextsRequest]]:
+    """``model`` and every request body derived from it."""
+    found = [model]
+    for subclass in model.__subclasses__():
+        found.extend(_texts_requests(subclass))
+    return found
+
+
+def declare_limits(schema: dict[str, Any], settings: Settings) -> None:
+    """Publish the configured limits on every request's ``texts`` (``maxItems``, item ``maxLength``).
+
+    They are settings, so they cannot live in the pydantic models; the service enforces them
+    (``InferenceService.check_limits``, 422 ``invalid_request``) and the document states the same
+    numbers, so a client (or a generated SDK) validating against it is never refused for a body
+    the document allows.
+    """
+    components = schema.get("components", {}).get("schemas", {})
+    for model in _texts_requests():
+        declared = components.get(model.__name__)
+        if declared is None:
+            continue
+        texts = declared["properties"]["texts"]
+        texts["maxItems"] = settings.max_texts_per_request
+        texts["items"]["maxLength"] = settings.max_text_chars
+
+
 def install_openapi(app: FastAPI) -> None:
-    """Declare both API-key forms (so generated SDKs send them) and the one error shape."""
+    """Declare both API-key forms (so generated SDKs send them), the one error shape, and the
+    limits of ``app.state.settings``."""
     original = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -70,6 +99,7 @@ def install_openapi(app: FastAPI) -> None:
                     operation["security"] = [{"BearerAuth": []}, {"ApiKeyAuth": []}]
         for unused in ("HTTPValidationError", "ValidationError"):
             schema["components"].get("schemas", {}).pop(unused, None)
+        declare_limits(schema, app.state.settings)
         app.openapi_schema = schema
         return schema
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
@@ -17,16 +18,37 @@ ModelVersion = Annotated[
 ]
 
 
+# A text is blank when every character is whitespace as Python's ``str.isspace`` defines it (what
+# ``str.strip`` removes). The published ``pattern`` spells those characters out instead of using
+# ``\S``: ECMA-262, Python and Rust regex engines each mean a different set by ``\s`` (U+001C-U+001F,
+# U+0085, U+FEFF differ), and a generated SDK, the gateway and a fuzzer must agree on every text.
+NON_BLANK_PATTERN = (
+    r"[^\x09-\x0d\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+)
+_NON_BLANK = re.compile(NON_BLANK_PATTERN)
+
+# The item schema says "not blank"; the validator below enforces it with a message that names the
+# blank texts (pydantic's own pattern error would only quote the regex). The limits
+# (``maxItems``, ``maxLength``) depend on the settings: gateway/openapi.py adds them per app.
+Text = Annotated[str, Field(json_schema_extra={"pattern": NON_BLANK_PATTERN})]
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` has no character outside :data:`NON_BLANK_PATTERN`'s whitespace."""
+    return _NON_BLANK.search(text) is None
+
+
 class TextsRequest(BaseModel):
     """Texts to run through a model, in the order the results come back."""
 
     model_config = ConfigDict(extra="forbid")
 
-    texts: list[str] = Field(
+    texts: list[Text] = Field(
         min_length=1,
         description=(
-            "Texts to score, 1 to the configured maximum per request (default 512); each non-blank, "
-            "at most the configured number of characters (default 10000)."
+            "Texts to score, in the order the results come back: at least 1 and at most this "
+            "gateway's limit (`maxItems`); each with a character other than whitespace "
+            "(`pattern`) and at most this gateway's limit of characters (`maxLength`)."
         ),
     )
     model_version: ModelVersion | None = None
@@ -34,7 +56,7 @@ class TextsRequest(BaseModel):
     @field_validator("texts")
     @classmethod
     def _no_blank_texts(cls, texts: list[str]) -> list[str]:
-        blank = [index for index, text in enumerate(texts) if not text.strip()]
+        blank = [index for index, text in enumerate(texts) if is_blank(text)]
         if blank:
             raise ValueError(f"texts must not be empty or whitespace-only (indexes {blank[:10]})")
         return texts

@@ -103,16 +103,36 @@ async def test_a_chunked_body_over_the_limit_is_refused_before_it_is_read_whole(
     assert chunks_sent < 100
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "abc", "nan"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "0", "-0", "-1", "abc", "", "0x10", "nan", "NaN", "inf", "-inf", "Infinity",
+        # Too short to be met: 504 for certain, so refused as a mistake (5e-324 was found fuzzing).
+        "5e-324", "0.0009", "1e-400",
+        # Not JSON numbers, though float() reads them.
+        "1_0", "+1", ".5", "1.",
+    ],
+)  # fmt: skip
 async def test_unusable_request_timeout_is_422(gateway: UnitGateway, value: str) -> None:
     response = await gateway.client.post(
-        "/v1/predict", json={"texts": ["hi"]}, headers={**gateway.auth, "X-Request-Timeout": value}
+        "/v1/predict",
+        json={"texts": ["hi"]},
+        headers={**gateway.auth, "X-Request-Timeout": value},
     )
-    assert_error(response, 422, "invalid_request")
+    error = assert_error(response, 422, "invalid_request")
+    assert "X-Request-Timeout" in error["message"]
+    assert not gateway.triton.infer_calls()
 
 
 async def test_request_timeout_only_shortens_the_deadline(gateway: UnitGateway) -> None:
-    for asked, expected in (("0.5", 0.5), ("999", gateway.settings.request_timeout_s)):
+    configured = gateway.settings.request_timeout_s
+    for asked, expected in (
+        ("0.5", 0.5),
+        ("0.001", 0.001),  # the documented minimum
+        ("2E-1", 0.2),
+        ("999", configured),
+        ("1e400", configured),  # a valid numeral past float range is just a long deadline
+    ):
         response = await gateway.client.post(
             "/v1/predict",
             json={"texts": ["hi"]},
@@ -129,6 +149,26 @@ async def test_unknown_route_and_method(gateway: UnitGateway) -> None:
     assert_error(
         await gateway.client.get("/v1/predict", headers=gateway.auth), 405, "method_not_allowed"
     )
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/predict", {"POST"}),
+        ("OPTIONS", "/v1/embed", {"POST"}),
+        ("DELETE", "/v1/models", {"GET"}),
+        ("POST", "/livez", {"GET"}),
+        ("PUT", "/openapi.json", {"GET", "HEAD"}),
+        ("POST", "/docs/static/swagger-ui.css", {"GET", "HEAD"}),
+    ],
+)
+async def test_method_not_allowed_names_the_methods_the_path_has(
+    gateway: UnitGateway, method: str, path: str, allowed: set[str]
+) -> None:
+    response = await gateway.client.request(method, path, headers=gateway.auth)
+    error = assert_error(response, 405, "method_not_allowed")
+    assert {name.strip() for name in response.headers["allow"].split(",")} == allowed
+    assert method in error["message"]
 
 
 @pytest.mark.parametrize(
