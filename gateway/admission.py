@@ -8,12 +8,14 @@ The unit is the text (a request of n texts costs n). Per model:
 
 - **In flight** (sent to Triton, not answered) is capped by a limit that follows Little's law:
   ``measured drain rate x target_s``, between a floor and a ceiling. The drain rate is measured
-  only while requests wait (when it is the model's capacity, not the arrival rate). So the work inside Triton
-  drains in about ``target_s``, whatever the hardware: ~7 texts on the 2-core CPU, hundreds on a GPU.
+  only while requests wait (then it is the model's capacity, not the arrival rate). So the work
+  inside Triton drains in about ``target_s``, whatever the hardware: a few texts on the 2-core
+  CPU, hundreds on a GPU.
 - **Waiting** requests queue in FIFO order, at most ``max_queue`` texts.
 - A request is **refused at once** (503 with ``Retry-After``) when the queue is full, or when the
   queue ahead of it would not drain (at the measured rate) before its own deadline or within
-  ``max_wait_s``; a waiter still queued after ``max_wait_s`` (or at its deadline) is refused then. A refusal costs microseconds; Triton never sees the request.
+  ``max_wait_s``; a waiter still queued after ``max_wait_s`` (or at its deadline) is refused
+  then. An immediate refusal costs microseconds; Triton never sees a refused request.
 
 ``Retry-After`` is the time the whole backlog needs to drain at the measured rate, in whole seconds.
 """
