@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,10 @@ SHM_DIR = Path("/dev/shm")
 
 class EmbeddedTritonError(RuntimeError):
     """The embedded server could not be prepared, started or kept running."""
+
+
+class StartAborted(EmbeddedTritonError):
+    """A start was abandoned on request (``abort`` set) and the half-started server stopped."""
 
 
 class PortInUseError(EmbeddedTritonError):
@@ -207,12 +212,30 @@ class EmbeddedTriton:
         env.update({k: v for k, v in CPU_RUNTIME_ENV.items() if k not in env})
         return env
 
-    def start(self) -> EmbeddedTriton:
-        """Start the server and wait until it and its models are ready (retries taken ports)."""
+    def start(self, abort: threading.Event | None = None) -> EmbeddedTriton:
+        """Start the server and wait until it and its models are ready (retries taken ports).
+
+        ``abort``, once set, stops a start that is still waiting (:class:`StartAborted`).
+        """
+        return self._start(1 if self._fixed_ports else 3, abort)
+
+    def restart(self, abort: threading.Event | None = None) -> EmbeddedTriton:
+        """Stop what is left of the server (after a crash: its stubs and its /dev/shm regions),
+        then start it again on the same ports.
+
+        The ports never move on a restart, since clients (the gateway) keep pointing at them: a
+        port taken meanwhile fails the restart (:class:`PortInUseError`) instead.
+        """
+        self.stop()
+        # Keep the crashed server's log for one restart: it says why it died.
+        if self.log_path.exists():
+            self.log_path.replace(self.log_path.with_suffix(".previous.log"))
+        return self._start(1, abort)
+
+    def _start(self, attempts_left: int, abort: threading.Event | None) -> EmbeddedTriton:
         _check_numpy()
         self.workdir.mkdir(parents=True, exist_ok=True)
         binary = prepare_server(self.workdir)
-        attempts_left = 1 if self._fixed_ports else 3
         while True:
             attempts_left -= 1
             self._server = ManagedServer(
@@ -223,9 +246,12 @@ class EmbeddedTriton:
                 startup_timeout_s=self.startup_timeout,
             )
             try:
-                self._server.start()
+                self._server.start(abort)
                 return self
             except ServerStartError as exc:
+                if exc.aborted:
+                    self.stop()
+                    raise StartAborted("tritonserver start abandoned (stopping)") from None
                 failure = self._failure(exc)
                 self.stop()
                 if not isinstance(failure, PortInUseError) or attempts_left == 0:
