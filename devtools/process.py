@@ -125,6 +125,21 @@ def processes_running(path: Path) -> list[int]:
     return found
 
 
+def memory_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` (resident now) and ``VmHWM`` (peak resident) of ``pid`` in KiB, from
+    /proc/PID/status; empty once the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            found[name] = int(value.split()[0])
+    return found
+
+
 def answers_ok(url: str, timeout_s: float = 1.0) -> bool:
     """Whether ``url`` answers 200 right now."""
     try:
