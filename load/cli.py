@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     overload.add_argument("--probes", type=int, default=20, help="single requests before")
     overload.add_argument("--window", type=int, default=5, help="probes judged together after")
     overload.add_argument("--tolerance", type=float, default=1.5, help="x the normal p50")
-    overload.add_argument("--recovery-timeout", type=float, default=60.0)
+    overload.add_argument("--recovery-timeout", type=float, default=120.0)
     overload.add_argument("--max-in-flight", type=int, default=1024)
     overload.add_argument(
         "--timeout", type=float, default=30.0, help="client timeout, above the gateway's deadline"

@@ -55,7 +55,7 @@ class OverloadConfig:
     probes: int = 20
     window: int = 5
     tolerance: float = 1.5
-    recovery_timeout_s: float = 60.0
+    recovery_timeout_s: float = 120.0
     # The tool's own bound on requests in flight (and its connection pool): far above what the
     # server can take, so that the server, not the client, decides what happens to the excess.
     max_in_flight: int = 1024
@@ -108,9 +108,11 @@ async def probe_until_normal(
     """Send ``request`` alone, again and again, until the p50 of the last ``window`` (all OK) is
     at most ``tolerance`` x ``normal_p50_ms``, or ``timeout_s`` after ``since``.
 
-    Returns the probes and when the first probe of that window was sent (seconds after
-    ``since``), None if p50 never came back.
+    Returns the probes and when p50 was back (seconds after ``since``): the send time of the
+    first probe of that window that was itself within the threshold (a slow first probe of the
+    window does not count as back). None if p50 never came back.
     """
+    threshold = tolerance * normal_p50_ms
     probes: list[Probe] = []
     while clock() < since + timeout_s:
         sent = clock()
@@ -120,9 +122,9 @@ async def probe_until_normal(
         if (
             len(last) == window
             and all(probe.error is None for probe in last)
-            and percentile([probe.latency_ms for probe in last], 50) <= tolerance * normal_p50_ms
+            and percentile([probe.latency_ms for probe in last], 50) <= threshold
         ):
-            return probes, last[0].sent_after_s
+            return probes, next(p.sent_after_s for p in last if p.latency_ms <= threshold)
     return probes, None
 
 

@@ -36,10 +36,11 @@ async def test_probes_stop_once_a_whole_window_is_back_to_normal() -> None:
         timeout_s=10.0, clock=asyncio.get_running_loop().time,
     )  # fmt: skip
     # 2 refusals, 2 slow answers, then fast ones: the first window whose median is back to
-    # normal and that holds no error is probes 4-6 (slow, fast, fast).
+    # normal and that holds no error is probes 4-6 (slow, fast, fast); p50 was back from the
+    # first fast one on.
     assert [probe.error for probe in probes[:2]] == ["http_503", "http_503"]
     assert len(probes) == 6
-    assert recovered == probes[3].sent_after_s
+    assert recovered == probes[4].sent_after_s
 
 
 async def test_probes_give_up_after_their_timeout() -> None:
