@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,15 +22,19 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 LOG_TAIL_LINES = 40
+# How long a stop waits for the SIGKILLed members of a group to be gone.
+_GROUP_EXIT_TIMEOUT_S = 5.0
 
 
 class ServerStartError(RuntimeError):
     """The child exited or never became healthy; the message quotes its log."""
 
-    def __init__(self, message: str, exited: bool) -> None:
+    def __init__(self, message: str, exited: bool, aborted: bool = False) -> None:
         super().__init__(message)
         # True when the child exited before it became healthy, False when it timed out.
         self.exited = exited
+        # True when the caller gave up on the start (the child was stopped, nothing failed).
+        self.aborted = aborted
 
 
 def die_with_parent() -> None:
@@ -86,7 +91,60 @@ def stop_process_group(process: subprocess.Popen[bytes], timeout: float) -> int:
     # server was SIGKILLed): end whatever is left of the group, leader alive or not.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    # A SIGKILL is delivered asynchronously: wait until the group is really gone, so that a
+    # caller checking for leftovers right after this returns finds none.
+    deadline = time.monotonic() + _GROUP_EXIT_TIMEOUT_S
+    while process_group_members(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return process.returncode
+
+
+def _live_processes() -> list[tuple[int, list[str]]]:
+    """(pid, fields of /proc/PID/stat after the command name) of every process but zombies."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # it ended while we looked
+            continue
+        # fields[0] is the state: a zombie is as good as gone, it only waits to be reaped.
+        if fields and fields[0] != "Z":
+            found.append((int(stat.parent.name), fields))
+    return found
+
+
+def process_group_members(group: int) -> list[int]:
+    """The live processes of process group ``group`` (e.g. the stubs a killed server left)."""
+    return [pid for pid, fields in _live_processes() if int(fields[2]) == group]
+
+
+def processes_running(path: Path) -> list[int]:
+    """The live processes whose command line mentions ``path`` (a server's work directory)."""
+    needle = str(path).encode()
+    found = []
+    for pid, _ in _live_processes():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in command:
+            found.append(pid)
+    return found
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` (resident now) and ``VmHWM`` (peak resident) of ``pid`` in KiB, from
+    /proc/PID/status; empty once the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            found[name] = int(value.split()[0])
+    return found
 
 
 def answers_ok(url: str, timeout_s: float = 1.0) -> bool:
@@ -124,10 +182,11 @@ class ManagedServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.ready_after: float | None = None
 
-    def start(self) -> ManagedServer:
+    def start(self, abort: threading.Event | None = None) -> ManagedServer:
         """Launch, block until healthy; ``ready_after`` = seconds from launch to healthy.
 
-        Raises :class:`ServerStartError` (the child stopped) when it exits first or times out.
+        Raises :class:`ServerStartError` (the child stopped) when it exits first, times out, or
+        ``abort`` is set meanwhile (a supervisor that is shutting down must not wait for a start).
         """
         started = time.monotonic()
         self.ready_after = None
@@ -135,6 +194,11 @@ class ManagedServer:
         atexit.register(self.stop)
         deadline = started + self.startup_timeout_s
         while time.monotonic() < deadline:
+            if abort is not None and abort.is_set():
+                self.stop()
+                raise ServerStartError(
+                    f"{Path(self.command[0]).name}: start abandoned", exited=False, aborted=True
+                )
             if self.process.poll() is not None:
                 raise ServerStartError(
                     f"{Path(self.command[0]).name} exited with rc {self.process.returncode}\n"

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 
 class EmbeddedTritonError(RuntimeError):
     """The embedded server could not be prepared, started or kept running."""
+
+
+class StartAborted(EmbeddedTritonError):
+    """A start was abandoned on request (``abort`` set) and the half-started server stopped."""
 
 
 class PortInUseError(EmbeddedTritonError):
@@ -217,8 +222,27 @@ class EmbeddedTriton:
         env.update({k: v for k, v in CPU_RUNTIME_ENV.items() if k not in env})
         return env
 
-    def start(self) -> EmbeddedTriton:
-        """Start the server and wait until it and its models are ready (retries taken ports)."""
+    def start(self, abort: threading.Event | None = None) -> EmbeddedTriton:
+        """Start the server and wait until it and its models are ready (retries taken ports).
+
+        ``abort``, once set, stops a start that is still waiting (:class:`StartAborted`).
+        """
+        return self._start(1 if self._fixed_ports else 3, abort)
+
+    def restart(self, abort: threading.Event | None = None) -> EmbeddedTriton:
+        """Stop what is left of the server (after a crash: its stubs and its /dev/shm regions),
+        then start it again on the same ports.
+
+        The ports never move on a restart, since clients (the gateway) keep pointing at them: a
+        port taken meanwhile fails the restart (:class:`PortInUseError`) instead.
+        """
+        self.stop()
+        # Keep the crashed server's log for one restart: it says why it died.
+        if self.log_path.exists():
+            self.log_path.replace(self.log_path.with_suffix(".previous.log"))
+        return self._start(1, abort)
+
+    def _start(self, attempts_left: int, abort: threading.Event | None) -> EmbeddedTriton:
         _check_numpy()
         self.workdir.mkdir(parents=True, exist_ok=True)
         binary = prepare_server(self.workdir)
@@ -233,9 +257,12 @@ class EmbeddedTriton:
                 startup_timeout_s=self.startup_timeout,
             )
             try:
-                self._server.start()
+                self._server.start(abort)
                 return self
             except ServerStartError as exc:
+                if exc.aborted:
+                    self.stop()
+                    raise StartAborted("tritonserver start abandoned (stopping)") from None
                 failure = self._failure(exc)
                 self.stop()
                 if isinstance(failure, PortInUseError) and port_attempts_left > 1:

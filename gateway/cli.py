@@ -34,11 +34,16 @@ def serve(settings: Settings) -> int:
 
 
 def dev(settings: Settings, repository: Path, workdir: Path) -> int:
-    """Embedded Triton (CPU profile) + gateway in one process tree; Ctrl-C stops both."""
+    """Embedded Triton (CPU profile) + gateway in one process tree; Ctrl-C stops both.
+
+    Triton runs under a supervisor that restarts it on the same ports after a crash (with
+    backoff); the gateway's readiness follows it down and back up by itself.
+    """
     import uvicorn
 
     try:
         from build_models.profiles import render_repository
+        from devtools.supervisor import TritonSupervisor
         from devtools.triton import EmbeddedTriton
     except ImportError as exc:  # the gateway image ships the runtime package alone
         print(
@@ -60,6 +65,7 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
     server = EmbeddedTriton(cpu_repository, workdir / "triton")
     print(f"starting Triton (CPU profile) from {cpu_repository} ...", file=sys.stderr)
     server.start()
+    supervisor = TritonSupervisor(server).start()
     try:
         key, entry = new_key(("infer", "admin"))
         settings = settings.model_copy(
@@ -71,6 +77,7 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
                 [
                     "",
                     f"  Triton      gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}",
+                    "              (restarted on these ports if it crashes)",
                     f"  Gateway     {base}  (docs: {base}/docs)",
                     f"  API key     {key}   (development only; valid until this process stops)",
                     f"  Try         curl -H 'Authorization: Bearer {key}' -H 'content-type: application/json' "
@@ -89,6 +96,8 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
             access_log=False,
         )
     finally:
+        # The supervisor first: a Triton stopped under a running supervisor would be restarted.
+        supervisor.stop()
         server.stop()
     return 0
 

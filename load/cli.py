@@ -6,6 +6,8 @@ Subcommands:
   run       one target (gateway, triton or baseline), closed and/or open loop.
   raw       the in-process pipeline at several batch sizes (the machine's limit).
   baseline  serve the naive baseline in the foreground (e.g. for Locust).
+  overload  the gateway offered k x its capacity: goodput, refusals, memory, recovery.
+  chaos     SIGKILL Triton N times under steady load: hung requests, readiness, leftovers.
 """
 
 from __future__ import annotations
@@ -103,6 +105,15 @@ def _mix(args: argparse.Namespace) -> TextMix:
     return TextMix(args.median_words, args.sigma, args.max_words, args.seed)
 
 
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The traffic settings every command's configuration takes (see ``_add_workload``)."""
+    return {
+        "texts_per_request": args.texts_per_request,
+        "request_pool": args.request_pool,
+        "mix": _mix(args),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(
@@ -168,6 +179,45 @@ def build_parser() -> argparse.ArgumentParser:
     raw.add_argument("--torch-threads", type=int, default=DEFAULT_TORCH_THREADS)
     _add_workload(raw)
 
+    overload = commands.add_parser(
+        "overload", help="open loop at k x capacity against a gateway started here"
+    )
+    overload.add_argument("--repository", type=Path, default=Path("model_repository"))
+    overload.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    overload.add_argument("--factor", type=float, default=4.0, help="offered rate / capacity")
+    overload.add_argument("--duration", type=float, default=60.0, help="seconds of the burst")
+    overload.add_argument(
+        "--capacity", type=float, default=None, help="requests/s (default: measure it first)"
+    )
+    overload.add_argument("--capacity-concurrency", type=int, default=16)
+    overload.add_argument("--capacity-seconds", type=float, default=10.0)
+    overload.add_argument("--warmup", type=float, default=3.0, help="before the capacity run")
+    overload.add_argument("--probes", type=int, default=20, help="single requests before")
+    overload.add_argument("--window", type=int, default=5, help="probes judged together after")
+    overload.add_argument("--tolerance", type=float, default=1.5, help="x the normal p50")
+    overload.add_argument("--recovery-timeout", type=float, default=120.0)
+    overload.add_argument("--max-in-flight", type=int, default=1024)
+    overload.add_argument(
+        "--timeout", type=float, default=30.0, help="client timeout, above the gateway's deadline"
+    )
+    _add_workload(overload)
+
+    chaos = commands.add_parser(
+        "chaos", help="SIGKILL Triton (under the dev supervisor) N times under steady load"
+    )
+    chaos.add_argument("--repository", type=Path, default=Path("model_repository"))
+    chaos.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    chaos.add_argument("--kills", type=int, default=20)
+    chaos.add_argument("--rate", type=float, default=10.0, help="steady requests/s (Poisson)")
+    chaos.add_argument("--steady", type=float, default=12.0, help="seconds of load before a kill")
+    chaos.add_argument("--deadline", type=float, default=10.0, help="GATEWAY_REQUEST_TIMEOUT_S")
+    chaos.add_argument(
+        "--margin", type=float, default=2.0, help="no answer by deadline + margin: hung"
+    )
+    chaos.add_argument("--transport", choices=["grpc", "system_shm", "auto"], default="system_shm")
+    chaos.add_argument("--recovery-timeout", type=float, default=120.0, help="per kill")
+    _add_workload(chaos)
+
     serve = commands.add_parser("baseline", help="serve the naive baseline in the foreground")
     serve.add_argument("--repository", type=Path, default=Path("model_repository"))
     serve.add_argument("--port", type=int, default=8100)
@@ -181,10 +231,8 @@ def _config(args: argparse.Namespace, **specific: Any) -> CompareConfig:
         repository=args.repository,
         results_dir=args.results,
         plan=_plan(args),
-        texts_per_request=args.texts_per_request,
-        request_pool=args.request_pool,
-        mix=_mix(args),
         torch_threads=args.torch_threads,
+        **_workload(args),
         **specific,
     )
 
@@ -261,6 +309,55 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overload(args: argparse.Namespace) -> int:
+    from load.overload import OverloadConfig, run_overload
+
+    config = OverloadConfig(
+        repository=args.repository,
+        results_dir=args.results,
+        factor=args.factor,
+        duration_s=args.duration,
+        capacity=args.capacity,
+        capacity_concurrency=args.capacity_concurrency,
+        capacity_s=args.capacity_seconds,
+        warmup_s=args.warmup,
+        probes=args.probes,
+        window=args.window,
+        tolerance=args.tolerance,
+        recovery_timeout_s=args.recovery_timeout,
+        max_in_flight=args.max_in_flight,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        **_workload(args),
+    )
+    return _report(asyncio.run(run_overload(config)))
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from load.chaos import ChaosConfig, run_chaos
+
+    config = ChaosConfig(
+        repository=args.repository,
+        results_dir=args.results,
+        kills=args.kills,
+        rate=args.rate,
+        steady_s=args.steady,
+        deadline_s=args.deadline,
+        margin_s=args.margin,
+        transport=args.transport,
+        recovery_timeout_s=args.recovery_timeout,
+        seed=args.seed,
+        **_workload(args),
+    )
+    return _report(asyncio.run(run_chaos(config)))
+
+
+def _report(document: dict[str, Any]) -> int:
+    print(document["markdown"])
+    print(f"written: {document['run_dir']}/results.json, summary.md")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m load``."""
     args = build_parser().parse_args(argv)
@@ -268,7 +365,14 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(message)s",
     )
-    handlers = {"compare": _compare, "run": _run, "raw": _raw, "baseline": _baseline}
+    handlers = {
+        "compare": _compare,
+        "run": _run,
+        "raw": _raw,
+        "baseline": _baseline,
+        "overload": _overload,
+        "chaos": _chaos,
+    }
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -8,23 +8,30 @@ CPU. Every target receives the same requests (same seed).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
-import os
-import platform
 import secrets
-import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devtools.process import ManagedServer, child_environment
+from devtools.triton import EmbeddedTriton
 from load.baseline import baseline_server
 from load.engine import DEFAULT_TORCH_THREADS
 from load.raw import DEFAULT_BATCH_SIZES, RawResult, run_raw_benchmark
-from load.report import ColdStart, TargetReport, markdown, plot, ratio_rows, write_json
+from load.report import (
+    ColdStart,
+    TargetReport,
+    config_json,
+    machine,
+    markdown,
+    plot,
+    ratio_rows,
+    run_directory,
+    save_run,
+)
 from load.runner import run_closed_loop, run_open_loop, time_one_request
+from load.stack import embedded_triton, gateway_process
 from load.targets import HttpTarget, Target, TritonGrpcTarget
 from load.workload import TextMix, make_requests, typical_request
 
@@ -185,17 +192,11 @@ async def run_stack(
     defaults) is started here and, when the gateway is a target, a real ``python -m gateway serve``
     process in front of it, started only after Triton's phases so the two are never measured at once.
     """
-    from build_models.profiles import render_repository
-    from devtools.triton import EmbeddedTriton
-
     reports: list[TargetReport] = []
     server: EmbeddedTriton | None = None
     triton_url = config.triton_url
     if triton_url is None and {"triton", "gateway"} & set(config.targets):
-        cpu_repository = render_repository(
-            workdir / "cpu-repository", "cpu", config.repository.resolve()
-        )
-        server = EmbeddedTriton(cpu_repository, workdir / "triton")
+        server = embedded_triton(config.repository, workdir)
         log.info("triton: starting the embedded server")
         await asyncio.to_thread(server.start)
         triton_url = server.grpc_url
@@ -240,48 +241,29 @@ async def _run_gateway(
     open_rate: float | None,
 ) -> TargetReport:
     """Start ``python -m gateway serve`` in front of ``triton_url``, measure it, stop it."""
-    from devtools.ports import free_port
-    from gateway.auth import new_key
-
-    api_key, entry = new_key(("infer",))
-    port = free_port()
-    env = child_environment(
-        {
-            "GATEWAY_TRITON_GRPC_URL": triton_url,
-            "GATEWAY_PORT": str(port),
-            "GATEWAY_API_KEYS": entry,
-            "GATEWAY_LOG_LEVEL": "warning",
-            "GATEWAY_MAX_TEXTS_PER_REQUEST": str(max(512, config.texts_per_request)),
-        }
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    gateway = ManagedServer(
-        [sys.executable, "-m", "gateway", "serve"],
-        f"{base_url}/readyz",
-        workdir / "gateway.log",
-        env,
-    )
-    log.info("gateway: starting on %s", base_url)
-    await asyncio.to_thread(gateway.start)
+    gateway = gateway_process(triton_url, workdir, max_texts_per_request=config.texts_per_request)
+    log.info("gateway: starting on %s", gateway.base_url)
+    await asyncio.to_thread(gateway.server.start)
     try:
-        log.info("gateway: ready after %.2f s", gateway.ready_after or 0)
-        target = HttpTarget("gateway", base_url, api_key, timeout_s=config.plan.timeout_s)
+        log.info("gateway: ready after %.2f s", gateway.server.ready_after or 0)
+        target = HttpTarget(
+            "gateway", gateway.base_url, gateway.api_key, timeout_s=config.plan.timeout_s
+        )
         return await measure_target(
             target,
             requests,
             config.plan,
             probe=probe,
-            ready_after_s=gateway.ready_after,
+            ready_after_s=gateway.server.ready_after,
             open_rate=open_rate,
         )
     finally:
-        await asyncio.to_thread(gateway.stop)
+        await asyncio.to_thread(gateway.server.stop)
 
 
 async def run_compare(config: CompareConfig) -> dict[str, Any]:
     """Run every selected target; write JSON, PNG and markdown under ``results_dir``."""
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = config.results_dir / f"compare-{stamp}"
+    stamp, run_dir = run_directory(config.results_dir, "compare")
     workdir = run_dir / "work"
     requests = make_requests(config.request_pool, config.texts_per_request, config.mix)
     probe = typical_request(config.texts_per_request, config.mix)
@@ -311,34 +293,24 @@ async def run_compare(config: CompareConfig) -> dict[str, Any]:
     document = {
         "kind": "compare",
         "started": stamp,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "config": _config_json(config),
         "open_rate_per_s": open_rate,
         "raw": [result.to_json() for result in raw],
         "targets": [report.to_json() for report in reports],
         "ratios": [row.to_json() for row in rows],
     }
-    write_json(run_dir / "results.json", document)
-    text = markdown(reports, raw, rows)
-    (run_dir / "summary.md").write_text(text)
+    saved = save_run(run_dir, document, markdown(reports, raw, rows))
     plot(
         run_dir / "results.png",
         reports,
         raw,
         f"{config.texts_per_request} text(s)/request, realistic mix, {plan.duration_s:g} s/phase",
     )
-    document["markdown"] = text
-    document["run_dir"] = str(run_dir)
-    return document
+    return saved
 
 
 def _config_json(config: CompareConfig) -> dict[str, Any]:
-    data = asdict(config)
-    data["repository"] = str(config.repository)
-    data["results_dir"] = str(config.results_dir)
+    data = config_json(config)
     data.pop("gateway_key", None)  # never write a key to disk
     return data

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
+import os
+import platform
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -190,7 +193,20 @@ def ratio_rows(
     return rows
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table (cells as given: format numbers with :func:`fmt` first)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def met(passed: bool | None) -> str:
+    """A target's verdict for a table: yes, **no**, or - when it could not be measured."""
+    return {True: "yes", False: "**no**", None: "-"}[passed]
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    """``value`` with ``digits`` decimals; n/a for None or NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.{digits}f}"
@@ -200,8 +216,9 @@ def ratio_table(rows: Sequence[RatioRow]) -> str:
     """Markdown table of the ratios."""
     lines = ["| comparison | measured | target | met |", "|---|---|---|---|"]
     for row in rows:
-        met = {True: "yes", False: "**no**", None: "-"}[row.passed]
-        lines.append(f"| {row.comparison} | {_fmt(row.value, 2)}x | {row.target} | {met} |")
+        lines.append(
+            f"| {row.comparison} | {fmt(row.value, 2)}x | {row.target} | {met(row.passed)} |"
+        )
     return "\n".join(lines)
 
 
@@ -216,9 +233,9 @@ def phase_table(targets: Sequence[TargetReport]) -> str:
             errors = ", ".join(f"{kind}: {count}" for kind, count in phase.errors.items()) or "0"
             latency = phase.latency
             lines.append(
-                f"| {target.name} | {phase.label} | {_fmt(phase.requests_per_s)} | "
-                f"{_fmt(phase.texts_per_s)} | {_fmt(latency.p50_ms)} | {_fmt(latency.p95_ms)} | "
-                f"{_fmt(latency.p99_ms)} | {_fmt(latency.max_ms)} | {errors} |"
+                f"| {target.name} | {phase.label} | {fmt(phase.requests_per_s)} | "
+                f"{fmt(phase.texts_per_s)} | {fmt(latency.p50_ms)} | {fmt(latency.p95_ms)} | "
+                f"{fmt(latency.p99_ms)} | {fmt(latency.max_ms)} | {errors} |"
             )
     return "\n".join(lines)
 
@@ -234,8 +251,8 @@ def cold_start_table(targets: Sequence[TargetReport]) -> str:
         if cold is None:
             continue
         lines.append(
-            f"| {target.name} | {_fmt(cold.ready_after_s, 2)} | {_fmt(cold.first_request_ms)} | "
-            f"{_fmt(cold.steady_p50_ms)} | {_fmt(cold.ratio, 2)}x |"
+            f"| {target.name} | {fmt(cold.ready_after_s, 2)} | {fmt(cold.first_request_ms)} | "
+            f"{fmt(cold.steady_p50_ms)} | {fmt(cold.ratio, 2)}x |"
         )
     return "\n".join(lines)
 
@@ -245,7 +262,7 @@ def raw_table(raw: Sequence[RawResult]) -> str:
     lines = ["| batch size | texts/s | batch p50 ms |", "|---|---|---|"]
     for result in raw:
         lines.append(
-            f"| {result.batch_size} | {_fmt(result.texts_per_s)} | {_fmt(result.batch_p50_ms)} |"
+            f"| {result.batch_size} | {fmt(result.texts_per_s)} | {fmt(result.batch_p50_ms)} |"
         )
     return "\n".join(lines)
 
@@ -264,6 +281,37 @@ def markdown(
     if raw:
         parts += ["### Raw in-process pipeline (no server)", raw_table(raw)]
     return "\n\n".join(parts) + "\n"
+
+
+def run_directory(results_dir: Path, kind: str) -> tuple[str, Path]:
+    """A new run's time stamp and its folder, ``results_dir/<kind>-<stamp>``."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return stamp, results_dir / f"{kind}-{stamp}"
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def config_json(config: Any) -> dict[str, Any]:
+    """A run's configuration (a dataclass) ready for JSON: paths as text."""
+    return {
+        key: str(value) if isinstance(value, Path) else value
+        for key, value in asdict(config).items()
+    }
+
+
+def save_run(run_dir: Path, document: dict[str, Any], text: str) -> dict[str, Any]:
+    """Write ``document`` (results.json) and ``text`` (summary.md) into ``run_dir``; return the
+    document with both the markdown and the folder added, as the command line prints them."""
+    write_json(run_dir / "results.json", document)
+    (run_dir / "summary.md").write_text(text)
+    return {**document, "markdown": text, "run_dir": str(run_dir)}
 
 
 def write_json(path: Path, document: dict[str, Any]) -> Path:

@@ -28,15 +28,16 @@ async def _timed(
     target: Target, texts: list[str], scheduled: float, clock: Clock, timeout_s: float
 ) -> Sample:
     error: str | None = None
+    retry_after: str | None = None
     try:
         await asyncio.wait_for(target.score(texts), timeout_s + _GRACE_S)
     except RequestFailed as failure:
-        error = failure.kind
+        error, retry_after = failure.kind, failure.retry_after
     except asyncio.TimeoutError:
         error = "timeout"
     except Exception as failure:  # a load tool counts failures, never crashes
         error = f"exception_{type(failure).__name__}"
-    return Sample(scheduled=scheduled, latency=clock() - scheduled, texts=len(texts), error=error)
+    return Sample(scheduled, clock() - scheduled, len(texts), error, retry_after)
 
 
 async def time_one_request(target: Target, texts: list[str], timeout_s: float = 60.0) -> Sample:
@@ -100,8 +101,10 @@ async def run_open_loop(
     timeout_s: float = 10.0,
     seed: int = 0,
     clock: Clock = time.perf_counter,
+    stop: asyncio.Event | None = None,
 ) -> PhaseResult:
-    """Poisson arrivals at ``rate_per_s``: ``warmup_s``, then ``duration_s`` or ``max_requests``."""
+    """Poisson arrivals at ``rate_per_s``: ``warmup_s``, then ``duration_s`` or ``max_requests``,
+    or until ``stop`` is set (for a phase whose length depends on what happens meanwhile)."""
     if rate_per_s <= 0:
         raise ValueError("rate_per_s must be positive")
     arrivals = random.Random(seed)
@@ -124,6 +127,8 @@ async def run_open_loop(
         delay = scheduled - clock()
         if delay > 0:
             await asyncio.sleep(delay)
+        if stop is not None and stop.is_set():
+            break
         # When the loop runs late, overdue arrivals go out at once; their latency still starts at
         # `scheduled`, so the lateness is charged to the measurement, not hidden.
         texts = requests[index % len(requests)]

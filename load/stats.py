@@ -21,6 +21,8 @@ class Sample:
     latency: float
     texts: int
     error: str | None = None
+    # The Retry-After header of a refused request, as sent.
+    retry_after: str | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -84,6 +86,16 @@ class PhaseResult:
     latency: LatencySummary
     errors: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+    # Failed requests take time too (a refusal should be fast): their latencies, by error kind.
+    error_latencies_ms: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    # Retry-After values seen on failed requests, and how often.
+    retry_after: dict[str, int] = field(default_factory=dict)
+
+    def failure_latency(self, *kinds: str) -> LatencySummary:
+        """Latency percentiles of the requests that failed with any of ``kinds``."""
+        return LatencySummary.of(
+            [ms / 1000 for kind in kinds for ms in self.error_latencies_ms.get(kind, [])]
+        )
 
     @property
     def label(self) -> str:
@@ -98,6 +110,7 @@ class PhaseResult:
         data["label"] = self.label
         if not include_latencies:
             data.pop("latencies_ms")
+            data.pop("error_latencies_ms")
         return cast(dict[str, Any], _nan_to_none(data))
 
 
@@ -129,7 +142,15 @@ def summarize(
     ok = [sample for sample in measured if sample.error is None]
     last_end = max((sample.scheduled + sample.latency for sample in measured), default=window_start)
     elapsed = last_end - window_start
-    errors = Counter(sample.error for sample in measured if sample.error is not None)
+    errors: Counter[str] = Counter()
+    error_latencies: dict[str, list[float]] = {}
+    retry_after: Counter[str] = Counter()
+    for sample in measured:
+        if sample.error is not None:
+            errors[sample.error] += 1
+            error_latencies.setdefault(sample.error, []).append(sample.latency * 1000)
+            if sample.retry_after is not None:
+                retry_after[sample.retry_after] += 1
     ok_texts = sum(sample.texts for sample in ok)
     return PhaseResult(
         target=target,
@@ -145,4 +166,6 @@ def summarize(
         latency=LatencySummary.of([sample.latency for sample in ok]),
         errors=dict(sorted(errors.items())),
         latencies_ms=[sample.latency * 1000 for sample in ok],
+        error_latencies_ms=dict(sorted(error_latencies.items())),
+        retry_after=dict(sorted(retry_after.items())),
     )

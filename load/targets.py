@@ -23,9 +23,11 @@ REGRESSION_MODEL = "text_regression"
 class RequestFailed(Exception):
     """One request failed; ``kind`` names how, for the error counts."""
 
-    def __init__(self, kind: str, detail: str = "") -> None:
+    def __init__(self, kind: str, detail: str = "", retry_after: str | None = None) -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
+        # The server's Retry-After header, when it refused the request with one.
+        self.retry_after = retry_after
 
 
 def require_local(host: str) -> None:
@@ -102,12 +104,13 @@ class HttpTarget(Target):
             ) as answer:
                 body = await answer.read()
                 status = answer.status
+                retry_after = answer.headers.get("Retry-After")
         except TimeoutError as error:
             raise RequestFailed("timeout", str(error)) from error
         except aiohttp.ClientError as error:
             raise RequestFailed("connection", type(error).__name__) from error
         if status != 200:
-            raise RequestFailed(f"http_{status}", body[:200].decode(errors="replace"))
+            raise RequestFailed(f"http_{status}", body[:200].decode(errors="replace"), retry_after)
         try:
             scores = orjson.loads(body)["scores"]
         except (ValueError, KeyError, TypeError) as error:

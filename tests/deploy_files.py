@@ -34,9 +34,10 @@ DOCKERFILES = {
 # Prometheus and docs/deployment.md use them.
 GATEWAY_PATHS = ("/livez", "/readyz", "/metrics", "/v1/predict", "/v1/embed", "/v1/models")
 
-# ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}
+# ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}; and $$, Compose's
+# escape for a literal $ (a match without a name).
 INTERPOLATION = re.compile(
-    r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+    r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
 )
 
 
@@ -80,6 +81,7 @@ def interpolations(path: Path) -> list[Interpolation]:
     return [
         Interpolation(match["name"], match["op"], match["arg"])
         for match in INTERPOLATION.finditer(path.read_text())
+        if match["name"] is not None
     ]
 
 
@@ -89,6 +91,8 @@ def interpolate(value: Any, variables: dict[str, str]) -> Any:
 
         def substitute(match: re.Match[str]) -> str:
             name, operator, argument = match["name"], match["op"], match["arg"]
+            if name is None:
+                return "$"
             current = variables.get(name)
             if operator in (":-", ":?") and not current:
                 current = None

@@ -167,12 +167,10 @@ def test_triton_loads_exactly_the_repository_ensembles_explicitly() -> None:
         assert (ROOT / "model_repository" / model / "config.pbtxt").is_file()
 
 
-def test_triton_has_a_gpu_shared_ipc_and_a_readiness_healthcheck() -> None:
+def test_triton_has_a_gpu_and_a_readiness_healthcheck() -> None:
     triton = stack()["services"]["triton"]
     devices = triton["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
-    assert triton["ipc"] == "shareable"
-    assert triton["shm_size"]
     assert urlparse(healthcheck_url(triton)).path == "/v2/health/ready"
     # Its HTTP port is the one the healthcheck asks (Triton's default, 8000).
     assert urlparse(healthcheck_url(triton)).port == 8000
@@ -184,18 +182,79 @@ def test_triton_ports_are_not_published_beyond_localhost() -> None:
             assert str(mapping).startswith("127.0.0.1:"), mapping
 
 
-def test_gateway_reaches_triton_over_the_compose_network_and_shares_its_ipc() -> None:
+def test_gateway_reaches_triton_over_the_compose_network() -> None:
     services = stack()["services"]
     gateway, triton = services["gateway"], services["triton"]
     environment = gateway["environment"]
     host, _, port = environment["GATEWAY_TRITON_GRPC_URL"].partition(":")
     assert host == "triton" and port in triton["expose"]
     assert port == "8001", "Triton's default gRPC port"
-    assert gateway["ipc"] == "service:triton"
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
     assert gateway["command"] == ["python", "-m", "gateway", "serve"]
     # Shared-memory regions are created mode 0600: only the same uid can open them in Triton.
     assert gateway["user"] == triton["user"]
+
+
+# --- /dev/shm: one tmpfs volume in both containers ---------------------------------------------
+
+SHM_MOUNT = {"type": "volume", "source": "shm", "target": "/dev/shm", "volume": {"nocopy": True}}
+# Triton's Python backend wants at least this much shared memory per model instance.
+PYTHON_BACKEND_SHM_PER_INSTANCE = 64 * 1024 * 1024
+
+
+def tmpfs_size_bytes(size: str) -> int:
+    """A tmpfs ``size=`` value (``512m``, ``1g``, bytes) in bytes."""
+    found = re.fullmatch(r"(\d+)([kmg]?)", size.lower())
+    assert found, f"not a tmpfs size: {size}"
+    return int(found.group(1)) * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[found.group(2)]
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "gpu+cpu-override"])
+def test_triton_and_gateway_share_dev_shm_through_a_volume_not_an_ipc_namespace(cpu: bool) -> None:
+    # POSIX shared memory (the gateway's system_shm regions, the Python backend's tensors) needs
+    # the same tmpfs at /dev/shm, nothing of an IPC namespace. A namespace joined across
+    # containers (`ipc: service:triton`) keeps the old /dev/shm when Triton's container restarts.
+    services = stack(cpu=cpu)["services"]
+    for name in ("triton", "gateway"):
+        service = services[name]
+        assert "ipc" not in service, f"{name} must not join or share an IPC namespace"
+        assert "shm_size" not in service, f"{name}: /dev/shm is the shm volume, sized there"
+        assert SHM_MOUNT in service["volumes"], f"{name} mounts the shm volume at /dev/shm"
+
+
+def test_the_shm_volume_is_a_tmpfs_big_enough_for_triton_and_the_gateway() -> None:
+    model = stack()
+    volume = model["volumes"]["shm"]
+    assert volume["driver"] == "local"
+    options = volume["driver_opts"]
+    assert options["type"] == options["device"] == "tmpfs"
+    mount_options = dict(
+        item.partition("=")[::2] for item in options["o"].split(",") if "=" in item
+    )
+    # Writable by every uid (sticky, as Docker's own /dev/shm): regions are created by uid 1000.
+    assert mount_options["mode"] == "1777"
+    instances = model["services"]["builder"]["environment"]["TRITON_INSTANCES"].split()
+    # Every composing model counted as a Python-backend one: an upper bound for any profile.
+    python_backend = sum(int(item.partition("=")[2]) for item in instances)
+    settings = Settings(_env_file=None)
+    gateway_pool = settings.shm_pool_size * settings.shm_region_bytes
+    needed = python_backend * PYTHON_BACKEND_SHM_PER_INSTANCE + gateway_pool
+    assert tmpfs_size_bytes(mount_options["size"]) >= 2 * needed, "room for both, with slack"
+
+
+def test_triton_removes_the_regions_a_crashed_predecessor_left_in_the_shared_volume() -> None:
+    command = stack()["services"]["triton"]["command"]
+    # sh -c SCRIPT $0 ARGS...: the script runs, then execs tritonserver with every flag.
+    assert command[:2] == ["sh", "-c"]
+    script, zero = command[2], command[3]
+    assert zero == "tritonserver"
+    assert script.endswith('&& exec tritonserver "$@"')
+    removed = re.fullmatch(r'rm -f /dev/shm/(\S+)\* && exec tritonserver "\$@"', script)
+    assert removed, script
+    backend_configs = command_flags(command)["--backend-config"]
+    assert f"python,shm-region-prefix-name={removed.group(1)}" in backend_configs
+    # Only the Python backend's regions: the gateway's carry its own prefix.
+    assert not removed.group(1).startswith(Settings(_env_file=None).shm_prefix)
 
 
 def test_gateway_publishes_8000_and_checks_readyz() -> None:
@@ -238,8 +297,8 @@ def test_cpu_override_drops_the_gpu_and_keeps_the_real_backends() -> None:
     profile = services["builder"]["environment"]["TRITON_PROFILE"]
     assert profile == "gpu-image-cpu" and profile in PROFILES
     # Everything else of the production shape stays.
-    assert services["triton"]["ipc"] == "shareable"
-    assert services["gateway"]["ipc"] == "service:triton"
+    for name in ("triton", "gateway"):
+        assert services[name]["volumes"] == stack()["services"][name]["volumes"]
     assert services["triton"]["command"] == stack()["services"]["triton"]["command"]
 
 

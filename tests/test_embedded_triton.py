@@ -18,6 +18,7 @@ import pytest
 
 from devtools import triton as embedded
 from devtools.ports import free_ports
+from devtools.process import process_group_members
 from devtools.triton import (
     EmbeddedTriton,
     EmbeddedTritonError,
@@ -90,21 +91,8 @@ def test_stop_after_a_sigkill_leaves_no_stub_process_and_no_shm_region(
     os.kill(group, signal.SIGKILL)  # the server alone: its stubs stay in its process group
     own_triton.process.wait()
     own_triton.stop()
-    wait_for(lambda: not _group_members(group), 10, "the stub processes to be gone")
+    wait_for(lambda: not process_group_members(group), 10, "the stub processes to be gone")
     assert not own_triton.shm_regions()
-
-
-def _group_members(group: int) -> list[int]:
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        # fields[0] is the state, fields[2] the process group; zombies are as good as gone.
-        if int(fields[2]) == group and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
 
 
 def test_server_dies_with_its_parent(cpu_repository: Path, tmp_path: Path) -> None:

@@ -13,19 +13,21 @@ from pathlib import Path
 import httpx
 
 from devtools.ports import free_port
+from devtools.process import processes_running
 from gateway.auth import hash_key
 from tests.conftest import ROOT, wait_for
 
 
-def test_dev_serves_with_a_printed_key_and_stops_both_on_ctrl_c(
+def test_dev_serves_restarts_a_crashed_triton_and_stops_both_on_ctrl_c(
     built_repository: Path, tmp_path: Path
 ) -> None:
     port = free_port()
     log_path = tmp_path / "dev.log"
+    work = tmp_path / "work"
     with log_path.open("wb") as log:
         dev = subprocess.Popen(
             [sys.executable, "-m", "gateway", "dev", "--repository", str(built_repository),
-             "--workdir", str(tmp_path / "work")],
+             "--workdir", str(work)],
             cwd=ROOT,
             env={**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "info"},
             stdout=log,
@@ -69,6 +71,24 @@ def test_dev_serves_with_a_printed_key_and_stops_both_on_ctrl_c(
         json_lines = [line for line in log_path.read_text().splitlines() if line.startswith("{")]
         assert any('"path":"/v1/predict"' in line for line in json_lines)
         assert not any(key in line for line in json_lines)
+
+        # Triton crashes: the supervisor restarts it on the same ports, and the gateway's
+        # readiness drops, then comes back by itself once it has warmed up again.
+        crashed = tritonserver(work)
+        prefix = re.search(rb"shm-region-prefix-name=([^\x00]+)", crashed[1])
+        assert prefix, crashed[1]
+        os.kill(crashed[0], signal.SIGKILL)
+        with httpx.Client(base_url=base, timeout=30) as client:
+            wait_for(lambda: client.get("/readyz").status_code == 503, 5, "readiness to drop")
+            wait_for(lambda: client.get("/readyz").status_code == 200, 90, "readiness to return")
+            again = client.post(
+                "/v1/predict",
+                json={"texts": ["Great blender."]},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        assert again.status_code == 200, again.text
+        assert tritonserver(work)[0] != crashed[0]
+        assert httpx.get(f"http://{triton_http}/v2/health/ready", timeout=5).status_code == 200
     finally:
         dev.send_signal(signal.SIGINT)
         code = dev.wait(timeout=60)
@@ -78,6 +98,18 @@ def test_dev_serves_with_a_printed_key_and_stops_both_on_ctrl_c(
         raise AssertionError("Triton still answers after the dev command stopped")
     except httpx.TransportError:
         pass
+    # Nothing of either server is left: no stub of the crashed one, no shared-memory region.
+    assert not processes_running(work)
+    assert not list(Path("/dev/shm").glob(prefix.group(1).decode() + "*"))
+
+
+def tritonserver(work: Path) -> tuple[int, bytes]:
+    """The pid and command line of the tritonserver that ``dev`` runs from ``work``."""
+    for pid in processes_running(work):
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"bin/tritonserver" in command.split(b"\x00")[0]:
+            return pid, command
+    raise AssertionError(f"no tritonserver runs from {work}")
 
 
 def test_new_key_prints_a_key_and_its_digest_entry() -> None:
