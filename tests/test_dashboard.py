@@ -31,6 +31,12 @@ GATEWAY_METRICS = {
     "gateway_shm_regions_in_use": "gauge",
     "gateway_shm_region_waits_total": "counter",
     "gateway_shm_fallbacks_total": "counter",
+    "gateway_admission_in_flight_texts": "gauge",
+    "gateway_admission_queued_texts": "gauge",
+    "gateway_admission_limit_texts": "gauge",
+    "gateway_admission_wait_seconds": "histogram",
+    "gateway_admission_decisions_total": "counter",
+    "gateway_rate_limited_total": "counter",
 }
 # What tritonserver 2.51 (NGC 24.10, and the embedded server of the same version) exports on any
 # machine, as read from a running embedded server.
