@@ -118,7 +118,7 @@ def many_clients(
     clients: int,
     seconds: float,
     processes: int,
-    startup_s: float = 8.0,
+    startup_s: float = 5.0,
 ) -> dict[str, Any]:
     """``clients`` callers (over ``processes`` processes) each sending one text per request,
     all in the same window of ``seconds`` that starts ``startup_s`` from now."""

@@ -13,7 +13,7 @@ BUNDLE=.bundle
 RESULTS="${OUT:-.work/device-check}"
 UNPACKED="${TMPDIR:-/tmp}/textscore-gpu-bundle"
 LOCAL=""  # set: run in this environment, without the bundle (dry run, CPU rehearsal)
-BUDGET=420
+BUDGET=430
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,5 +39,6 @@ if [ -z "$LOCAL" ] && [ -f "$BUNDLE/manifest.json" ]; then
   ARGS+=(--bundle "$BUNDLE" --stub-site "$UNPACKED/stub-site" --minilm "$UNPACKED/minilm")
 fi
 # The driver keeps the budget itself and writes the JSON after every phase; this limit only stops
-# a hang (SIGTERM: the driver stops its servers and frees its regions; SIGKILL 20 s later).
-timeout -k 20 $((BUDGET + 40)) "$PYTHON" -m load.gpu.check --out "$RESULTS" --budget-s "$BUDGET" "${ARGS[@]}"
+# a hang (SIGTERM 30 s past the budget: the driver stops its servers and frees its regions;
+# SIGKILL 15 s later).
+timeout -k 15 $((BUDGET + 30)) "$PYTHON" -m load.gpu.check --out "$RESULTS" --budget-s "$BUDGET" "${ARGS[@]}"

@@ -91,7 +91,9 @@ def test_a_wrong_sized_handle_is_refused_and_its_memory_freed(runtime: FakeRunti
 def test_destroy_frees_once_and_the_slot_is_unusable_after(runtime: FakeRuntime) -> None:
     slot = CudaSlot("gw_1", REGION_BYTES, device_id=1, cupy=fake_cupy(runtime))
     address = only_allocation(runtime)
+    assert slot.allocated
     slot.destroy()
+    assert not slot.allocated
     slot.destroy()  # idempotent: the pool may close after a retirement already freed it
     assert runtime.freed == [address] and not runtime.memory
     assert ("free", address, 1) in runtime.calls and runtime.current == 0

@@ -250,6 +250,11 @@ class CudaSlot(_OneRegion, Slot):
         self.ipc_handle = handle
 
     @property
+    def allocated(self) -> bool:
+        """Whether the device memory is still held (False once destroyed)."""
+        return self._pointer is not None
+
+    @property
     def raw_handle(self) -> bytes:
         """The base64 of the 64-byte ``cudaIpcMemHandle_t`` (what tritonclient's
         ``get_raw_handle`` returns and ``register_cuda_shared_memory`` decodes)."""
