@@ -1,10 +1,10 @@
 """Python-backend stand-in for the ``bert`` model: the SAME ``model.pt`` through torch.jit.
 
 The embedded tritonserver has no PyTorch backend. Tensor names, types and shapes equal the GPU
-profile's, so the ensembles run unchanged. On a KIND_CPU instance (the CPU profile) inputs and
-outputs are numpy arrays; on a KIND_GPU instance (the ``embedded-gpu`` profile of the GPU check)
-the encoder runs on the instance's GPU, and tensors arrive and leave by DLPack without a copy to
-the host. Python 3.10-compatible.
+profile's, so the ensembles run unchanged. Tensors arrive and leave by DLPack, without a copy:
+on a KIND_CPU instance (the CPU profile) in host memory, on a KIND_GPU instance (the
+``embedded-gpu`` profile of the GPU check) in the instance's GPU memory, where the encoder runs.
+The same code runs in both. Python 3.10-compatible.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import json
 import os
 from typing import Any
 
-import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
@@ -48,10 +47,9 @@ class TritonPythonModel:
 
     def _tensor(self, request: Any, name: str) -> tuple[torch.Tensor, bool]:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor.is_cpu():
-            # A copy: the stub's numpy view is read-only, which torch.from_numpy warns about.
-            return torch.tensor(tensor.as_numpy(), device=self.device), False
-        return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).to(self.device), True
+        # DLPack wherever the tensor lives: a CPU instance runs the very code a GPU one does.
+        shared = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+        return shared.to(self.device), not tensor.is_cpu()
 
     def execute(self, requests: list[Any]) -> list[Any]:
         inputs = []
@@ -81,18 +79,9 @@ class TritonPythonModel:
                     rows = int(inputs[i][0].shape[0])
                     outputs[i] = embeddings[start : start + rows]
                     start += rows
-        if self.on_gpu:
-            return [
-                pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor.from_dlpack("embedding", out.contiguous())]
-                )
-                for out in outputs
-            ]
         return [
             pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor("embedding", np.ascontiguousarray(out.numpy(), np.float32))
-                ]
+                output_tensors=[pb_utils.Tensor.from_dlpack("embedding", out.contiguous())]
             )
             for out in outputs
         ]
