@@ -217,7 +217,7 @@ def environment(bundle_dir: Path | None, stub_site: Path | None) -> dict[str, An
             )
         },
         "nvidia_smi": _run(["nvidia-smi", "-L"]) if shutil.which("nvidia-smi") else None,
-        "stub_numpy": None,
+        "stub_environment": None,
     }
     try:
         import torch
@@ -244,15 +244,42 @@ def environment(bundle_dir: Path | None, stub_site: Path | None) -> dict[str, An
     except embedded.EmbeddedTritonError as exc:
         facts["libpython_dir"] = f"unusable: {exc}"
     if stub_site is not None:
-        import importlib.metadata
-
-        found = next(
-            iter(importlib.metadata.distributions(name="numpy", path=[str(stub_site)])), None
-        )
-        facts["stub_numpy"] = found.version if found is not None else None
+        facts["stub_environment"] = stub_probe(stub_site)
     if bundle_dir is not None and (bundle_dir / "manifest.json").is_file():
         manifest = json.loads((bundle_dir / "manifest.json").read_text())
         facts["bundle"] = {"files": manifest["files"], "budget": manifest.get("budget")}
+    return facts
+
+
+STUB_PROBE = """
+import json, numpy, torch, tokenizers, treelite
+facts = {"numpy": numpy.__version__, "torch": torch.__version__, "treelite": treelite.__version__}
+try:
+    torch.as_tensor(numpy.zeros(2, dtype=numpy.int64))
+    facts["torch_numpy_bridge"] = "ok"
+except RuntimeError as exc:
+    facts["torch_numpy_bridge"] = f"broken: {exc}"
+facts["torch_from_numpy_dlpack"] = int(torch.from_dlpack(numpy.arange(3)).sum())
+print(json.dumps(facts))
+"""
+
+
+def stub_probe(stub_site: Path) -> dict[str, Any]:
+    """What Triton's Python-backend stubs will import (numpy<2 first on their path): versions,
+    and whether the host's torch can take numpy 1.x arrays (its numpy bridge) or needs DLPack."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(stub_site), os.environ.get("PYTHONPATH")])),
+    }
+    answer = subprocess.run(
+        [sys.executable, "-c", STUB_PROBE], env=env, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    if answer.returncode != 0:
+        return {"error": answer.stderr.strip()[-2000:]}
+    facts: dict[str, Any] = json.loads(answer.stdout.strip().splitlines()[-1])
+    if answer.stderr.strip():
+        facts["warnings"] = answer.stderr.strip()[-1000:]
     return facts
 
 

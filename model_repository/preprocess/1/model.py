@@ -84,7 +84,12 @@ class TorchOnDevice:
 
     def asarray(self, array: np.ndarray) -> Any:
         """``array`` as a tensor on the device."""
-        return self.torch.as_tensor(array, device=self.device)
+        try:
+            return self.torch.as_tensor(array, device=self.device)
+        except RuntimeError:
+            # "Numpy is not available": a torch built against a newer numpy than the stub's
+            # numpy<2 may lack its numpy bridge; DLPack needs none.
+            return self.torch.from_dlpack(np.ascontiguousarray(array)).to(self.device)
 
 
 class TritonPythonModel:
