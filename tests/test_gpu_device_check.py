@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,43 @@ def test_install_refuses_another_python(tmp_path: Path) -> None:
     (tmp_path / bundle.MANIFEST).write_text(json.dumps({"python": "2.7", "files": []}))
     with pytest.raises(RuntimeError, match=r"Python 2\.7"):
         bundle.install(tmp_path, tmp_path / "into")
+
+
+def test_when_the_gpu_profile_cannot_serve_cuda_shm_is_still_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The orchestration, with fakes for the server and the measurements: the embedded-gpu
+    server fails to start, so the served phases fail with the reason, the transports are measured
+    against the CPU profile instead, and the baseline (no server) still runs."""
+    from contextlib import contextmanager
+
+    from load.gpu import check
+    from load.gpu.models import MINILM
+
+    started: list[str] = []
+
+    @contextmanager
+    def served(repository: Path, work: Path, profile: str, *rest: object) -> Iterator[object]:
+        started.append(profile)
+        if profile == "embedded-gpu":
+            raise RuntimeError("model 'bert' failed to load: no CUDA")
+        yield object()
+
+    monkeypatch.setattr(check, "served", served)
+    monkeypatch.setattr(check, "transports_phase", lambda server, plan, cuda: {"cuda": cuda})
+    monkeypatch.setattr(check, "baseline_phase", lambda repository, device, plan: {"on": device})
+    run = check.Run(tmp_path, "gpu", budget_s=600)
+    run.result = check.new_result("gpu", None, check.Plan(), 600)
+    check.run_shape(run, MINILM, tmp_path, tmp_path, check.Plan(), True, None)
+
+    phases = run.result["phases"]
+    assert started == ["embedded-gpu", "cpu"]
+    for phase in ("pipeline", "batch512", "realistic"):
+        assert phases[phase]["minilm"]["status"] == "failed"
+        assert "no CUDA" in phases[phase]["minilm"]["error"]
+    assert phases["transports"]["minilm"]["status"] == "ok"
+    assert phases["transports"]["minilm"]["cuda"] is True
+    assert phases["transports"]["minilm"]["server_profile"].startswith("cpu (the embedded-gpu")
+    assert phases["baseline"]["minilm"]["status"] == "ok"
+    assert phases["baseline"]["minilm"]["on"] == "cuda:0"
+    assert json.loads((tmp_path / "device-check.json").read_text())["phases"] == phases

@@ -793,10 +793,30 @@ def run_shape(
     except Exception as exc:
         error = f"the server did not serve: {type(exc).__name__}: {exc}"[-3000:]
         for phase in phases:
-            if run.result["phases"][phase][name] is None and phase != "baseline":
+            if run.result["phases"][phase][name] is None and phase not in (
+                "baseline",
+                "transports",
+            ):
                 run.record(phase, name, {"status": "failed", "error": error})
+        if run.result["phases"]["transports"].get(name, "n/a") is None:
+            # CUDA shared memory needs Triton on this host, not the models on its GPU: measure it
+            # against the CPU profile rather than not at all.
+            transports_on_cpu_profile(run, repository, work, plan, gpu, stub_site, error)
         if run.result["phases"]["baseline"][name] is None:
             run.step("baseline", name, baseline_needs, baseline)
+
+
+def transports_on_cpu_profile(
+    run: Run, repository: Path, work: Path, plan: Plan, gpu: bool, stub_site: Path | None, why: str
+) -> None:
+    """The transports phase against the CPU profile, after the GPU profile failed to serve."""
+
+    def measure() -> dict[str, Any]:
+        with served(repository, work / "minilm-cpu-profile", "cpu", stub_site, {}) as server:
+            result = transports_phase(server, plan, gpu)
+        return {**result, "server_profile": f"cpu (the embedded-gpu profile failed: {why})"}
+
+    run.step("transports", "minilm", 60, measure)
 
 
 def summary(result: dict[str, Any]) -> list[str]:
