@@ -17,7 +17,7 @@ install: $(STAMP)
 # torch==2.13.0 is pinned in pyproject.toml: a CPU build of it lies on these machines' disk, while
 # any other release would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 10), (3, 11)), "Python 3.10 or 3.11 is needed"'
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 10), (3, 11), (3, 12)), "Python 3.10, 3.11 or 3.12 is needed"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

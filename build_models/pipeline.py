@@ -54,8 +54,13 @@ class ReferencePipeline:
     """Tokenize, encode and score texts in this process, exactly as the Triton ensemble does."""
 
     def __init__(
-        self, repository: Path = DEFAULT_REPOSITORY, torch_threads: int | None = None
+        self,
+        repository: Path = DEFAULT_REPOSITORY,
+        torch_threads: int | None = None,
+        device: str = "cpu",
     ) -> None:
+        """Load the artifacts of ``repository``; the encoder runs on ``device`` (e.g. ``cuda:0``
+        for the naive baseline on a GPU), tokenizer and forest on the host."""
         import torch
         import treelite
 
@@ -63,6 +68,7 @@ class ReferencePipeline:
             torch.set_num_threads(torch_threads)
         paths = artifact_paths(repository)
         self._torch = torch
+        self.device = torch.device(device)
         self.pad_multiple = pad_to_multiple_of(repository)
         self._preprocess = preprocess_module(repository)
         self.tokenizer = self._preprocess.load_tokenizer(str(paths["tokenizer"]))
@@ -72,7 +78,7 @@ class ReferencePipeline:
                 "ignore", message=".*torch.jit.load.*", category=DeprecationWarning
             )
             self.encoder = torch.jit.load(  # type: ignore[no-untyped-call]
-                str(paths["encoder"]), map_location="cpu"
+                str(paths["encoder"]), map_location=self.device
             ).eval()
         self.forest: Any | None = (
             treelite.Model.deserialize(str(paths["forest"])) if paths["forest"].exists() else None
@@ -88,9 +94,17 @@ class ReferencePipeline:
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """L2-normalised embeddings, shape (n, dim) float32, for one request of texts."""
         input_ids, mask = self.tokenize(texts)
-        with self._torch.inference_mode():
-            output = self.encoder(self._torch.from_numpy(input_ids), self._torch.from_numpy(mask))
-        return np.asarray(output.numpy(), dtype=np.float32)
+        return self._encode(input_ids, mask)
+
+    def _encode(
+        self, input_ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float32]:
+        torch = self._torch
+        with torch.inference_mode():
+            output = self.encoder(
+                torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
+            )
+        return np.asarray(output.cpu().numpy(), dtype=np.float32)
 
     def score_embeddings(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Forest scores, shape (n,) float32."""
@@ -117,8 +131,4 @@ class ReferencePipeline:
     def dimension(self) -> int:
         """Embedding width of the encoder."""
         probe_ids, probe_mask = self.tokenize([""])
-        with self._torch.inference_mode():
-            output = self.encoder(
-                self._torch.from_numpy(probe_ids), self._torch.from_numpy(probe_mask)
-            )
-        return int(output.shape[1])
+        return int(self._encode(probe_ids, probe_mask).shape[1])

@@ -10,6 +10,10 @@ Profiles:
   backend. Every tensor name, type and shape is kept; only how ``bert`` and ``forest`` run changes:
   the Python backend executes the same ``model.pt`` (torch.jit) and ``checkpoint.tl`` (Treelite
   GTIL) on KIND_CPU.
+- ``embedded-gpu``: that embedded server on a GPU host with no Docker (the GPU check,
+  ``tests/gpu/device_check.sh``): ``preprocess`` and the ``bert`` stand-in on KIND_GPU (tensors stay
+  on the GPU, handed on by DLPack; the encoder runs on CUDA), the ``forest`` stand-in on KIND_CPU
+  (Treelite's GTIL has no GPU code; the FIL backend that runs it on the GPU is not in the wheel).
 
 Artifacts are linked, not copied. Rendering also applies the embedding width of the build and
 per-model instance counts.
@@ -33,9 +37,9 @@ COMPOSING_MODELS = ("preprocess", "bert", "forest")
 ENSEMBLES = ("text_regression", "text_embedding")
 MODELS = COMPOSING_MODELS + ENSEMBLES
 CPU_STAND_INS = Path(__file__).resolve().parent / "cpu_models"
-PROFILES = ("gpu", "gpu-image-cpu", "cpu")
+PROFILES = ("gpu", "gpu-image-cpu", "cpu", "embedded-gpu")
 # Profiles whose bert and forest run in Python-backend stand-ins instead of the real backends.
-STAND_IN_PROFILES = ("cpu",)
+STAND_IN_PROFILES = ("cpu", "embedded-gpu")
 
 
 def read_config(path: Path) -> mc.ModelConfig:
@@ -72,17 +76,25 @@ def cpu_encoder_instances() -> int:
     return max(2, min(os.cpu_count() or 2, 8))
 
 
-def _to_python_stand_ins(config: mc.ModelConfig, torch_threads: int | None) -> None:
+def _to_python_stand_ins(config: mc.ModelConfig, torch_threads: int | None, gpu: bool) -> None:
     if config.name in ("bert", "forest"):
         config.ClearField("platform")
         config.backend = "python"
         for key in list(config.parameters):
             del config.parameters[key]
-        if config.name == "bert":
+        if config.name == "bert" and gpu:
+            # The stand-in takes preprocess's GPU tensors as they are (DLPack), no host copy.
+            _set_parameter(config, "FORCE_CPU_ONLY_INPUT_TENSORS", "no")
+        elif config.name == "bert":
             threads = CPU_ENCODER_THREADS if torch_threads is None else torch_threads
             _set_parameter(config, "torch_num_threads", str(threads))
             for group in config.instance_group:
                 group.count = cpu_encoder_instances()
+        if config.name == "forest" and gpu:
+            # GTIL runs on the host: Triton hands the embeddings over in host memory.
+            for group in config.instance_group:
+                group.kind = mc.ModelInstanceGroup.KIND_CPU
+                del group.gpus[:]
 
 
 def _apply_dimension(config: mc.ModelConfig, dimension: int) -> None:
@@ -117,7 +129,7 @@ def render_config(
     if profile in ("cpu", "gpu-image-cpu"):
         _to_kind_cpu(rendered)
     if profile in STAND_IN_PROFILES:
-        _to_python_stand_ins(rendered, torch_threads)
+        _to_python_stand_ins(rendered, torch_threads, gpu=profile == "embedded-gpu")
     if dimension is not None:
         _apply_dimension(rendered, dimension)
     if instances and rendered.name in instances:

@@ -6,7 +6,9 @@ and the checks all read from here.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -77,20 +79,48 @@ def check_pytorch(tag: str, installed: str) -> TritonRelease:
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m build_models.releases --check-installed TAG``: check this environment's tools.
+def check_manifest(path: Path) -> TritonRelease:
+    """Refuse artifacts whose ``build-manifest.json`` says they were built by a PyTorch or a
+    Treelite that the manifest's Triton release cannot load (e.g. a CPU development build)."""
+    if not path.is_file():
+        raise ReleaseMismatchError(
+            f"{path} is missing: build the models first (python -m build_models, or the compose "
+            "stack's builder), so that their versions can be checked"
+        )
+    manifest = json.loads(path.read_text())
+    tag = str(manifest.get("triton_release", DEFAULT_RELEASE))
+    versions = manifest.get("versions", {})
+    try:
+        check_treelite(tag, str(versions["treelite"]))
+        return check_pytorch(tag, str(versions["torch"]))
+    except KeyError as exc:
+        raise ReleaseMismatchError(f"{path} records no {exc.args[0]} version") from None
 
-    The compose builder runs it before building, so a wrong base image fails in seconds with a
-    clear message instead of producing artifacts that Triton refuses to load.
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m build_models.releases --check-installed TAG | --check-manifest PATH``.
+
+    ``--check-installed``: the compose builder runs it before building, so a wrong base image
+    fails in seconds with a clear message instead of producing artifacts that Triton refuses to
+    load. ``--check-manifest``: the GPU benchmark runs it before serving built artifacts.
     """
     import argparse
     import importlib.metadata
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m build_models.releases", description=__doc__)
-    parser.add_argument("--check-installed", metavar="TAG", required=True, choices=sorted(RELEASES))
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check-installed", metavar="TAG", choices=sorted(RELEASES))
+    what.add_argument("--check-manifest", metavar="PATH", type=Path)
     args = parser.parse_args(argv)
     try:
+        if args.check_manifest is not None:
+            target = check_manifest(args.check_manifest)
+            print(
+                f"{args.check_manifest}: built with treelite {target.treelite} and PyTorch "
+                f"{target.pytorch.rsplit('.', 1)[0]}.x, which Triton {target.ngc_tag} loads"
+            )
+            return 0
         check_treelite(args.check_installed, importlib.metadata.version("treelite"))
         target = check_pytorch(args.check_installed, importlib.metadata.version("torch"))
     except importlib.metadata.PackageNotFoundError as exc:

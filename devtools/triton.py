@@ -87,21 +87,37 @@ def _pytriton_dir() -> Path:
 
 def _libpython_dir() -> Path:
     libdir = sysconfig.get_config_var("LIBDIR")
-    ldlibrary = sysconfig.get_config_var("LDLIBRARY") or ""
     if not sysconfig.get_config_var("Py_ENABLE_SHARED") or not libdir:
         raise EmbeddedTritonError(
             f"this Python ({sys.executable}) was built without --enable-shared: it has no "
             "libpython shared library, which Triton's Python-backend stub must load. Use a Python "
             "built with --enable-shared (pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)."
         )
-    if not (Path(libdir) / ldlibrary).exists():
-        raise EmbeddedTritonError(f"the shared library {ldlibrary} is missing from {libdir}")
+    # The stub links the versioned name (libpython3.X.so.1.0, INSTSONAME); the unversioned
+    # LDLIBRARY is only a development symlink, missing where the -dev package is not installed.
+    names = [
+        name
+        for name in (sysconfig.get_config_var("INSTSONAME"), sysconfig.get_config_var("LDLIBRARY"))
+        if name
+    ]
+    if not any((Path(libdir) / name).exists() for name in names):
+        raise EmbeddedTritonError(
+            f"the shared library {' or '.join(names)} is missing from {libdir} (Debian and "
+            "Ubuntu: the libpython3.X package)"
+        )
     return Path(libdir)
 
 
-def _check_numpy() -> None:
+def _check_numpy(pythonpath: Sequence[Path] = ()) -> None:
+    """Refuse numpy 2 where the server's stubs will import numpy from (``pythonpath`` first)."""
+    dirs = [str(p) for p in pythonpath]
+    found = (
+        next(iter(importlib.metadata.distributions(name="numpy", path=dirs)), None)
+        if dirs
+        else None
+    )
     try:
-        version = importlib.metadata.version("numpy")
+        version = found.version if found is not None else importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:
         raise EmbeddedTritonError("numpy is not installed in this environment") from None
     if int(version.split(".")[0]) >= 2:
@@ -144,6 +160,7 @@ class EmbeddedTriton:
         ports: Ports | None = None,
         startup_timeout: float = 120.0,
         extra_args: Sequence[str] = (),
+        server_pythonpath: Sequence[Path] = (),
     ) -> None:
         self.model_repository = model_repository
         self.workdir = workdir
@@ -152,6 +169,9 @@ class EmbeddedTriton:
         self.ports = ports or Ports(*free_ports(3))
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
+        # Put ahead of PYTHONPATH for the server and its Python-backend stubs only, e.g. a
+        # numpy<2 for the stubs where this process itself runs numpy 2 (the GPU check).
+        self.server_pythonpath = tuple(server_pythonpath)
         self.log_path = workdir / "tritonserver.log"
         # The Python backend's regions in /dev/shm start with this, so that the ones a killed
         # server leaves behind can be found and removed by name.
@@ -219,6 +239,10 @@ class EmbeddedTriton:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
         # Python-backend models must import this environment's packages.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if self.server_pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [*(str(p) for p in self.server_pythonpath), *filter(None, [env.get("PYTHONPATH")])]
+            )
         env.update({k: v for k, v in CPU_RUNTIME_ENV.items() if k not in env})
         return env
 
@@ -243,10 +267,10 @@ class EmbeddedTriton:
         return self._start(1, abort)
 
     def _start(self, attempts_left: int, abort: threading.Event | None) -> EmbeddedTriton:
-        _check_numpy()
+        _check_numpy(self.server_pythonpath)
         self.workdir.mkdir(parents=True, exist_ok=True)
         binary = prepare_server(self.workdir)
-        port_attempts_left = 1 if self._fixed_ports else 3
+        port_attempts_left = attempts_left
         crash_retries_left = CRASH_RETRIES
         while True:
             self._server = ManagedServer(

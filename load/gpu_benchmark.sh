@@ -3,11 +3,15 @@
 # latency and 8308 samples/s at batch 512). Needs: an NVIDIA GPU, Docker with the NVIDIA runtime,
 # GPU artifacts built into ./model_repository (TorchScript exported with PyTorch 2.5, Treelite 4.3
 # checkpoint; see docs/load-testing.md). Finishes in about 3-5 minutes (hard cap 9 minutes).
+# A GPU host without Docker: tests/gpu/device_check.sh (docs/benchmarks.md).
 #   load/gpu_benchmark.sh [model_repository] [results_dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(realpath "${1:-model_repository}")
 OUT=$(realpath -m "${2:-load/results/gpu-$(date +%Y%m%d-%H%M%S)}")
+# Artifacts built by another PyTorch than the release's libtorch (e.g. `make run`'s CPU build)
+# may not load in Triton's PyTorch backend: refuse them before pulling any image.
+python -m build_models.releases --check-manifest "$REPO/build-manifest.json"
 # Versions come from the one place the compose stack reads them from.
 # shellcheck source=deploy/versions.env
 set -a; . deploy/versions.env; set +a

@@ -68,3 +68,20 @@ def test_cpu_profile_still_swaps_in_python_stand_ins(tmp_path: Path) -> None:
 def test_unknown_profile_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["--profile", "gpu-on-cpu", "--out", str(tmp_path / "x")])
+
+
+def test_embedded_gpu_profile_keeps_the_encoder_on_the_gpu_and_the_forest_on_the_host(
+    tmp_path: Path,
+) -> None:
+    configs = render("embedded-gpu", tmp_path)
+    kinds = {name: {g.kind for g in configs[name].instance_group} for name in COMPOSING_MODELS}
+    assert kinds == {
+        "preprocess": {mc.ModelInstanceGroup.KIND_GPU},
+        "bert": {mc.ModelInstanceGroup.KIND_GPU},
+        "forest": {mc.ModelInstanceGroup.KIND_CPU},
+    }
+    assert configs["bert"].backend == configs["forest"].backend == "python"
+    # GPU tensors reach the encoder as they are (DLPack), no copy to the host in between.
+    assert configs["bert"].parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value == "no"
+    assert configs["preprocess"].parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value == "no"
+    assert [g.count for g in configs["bert"].instance_group] == [1]

@@ -9,6 +9,7 @@ in ``/dev/shm`` under a prefix of the test's own, which must be gone when the te
 from __future__ import annotations
 
 import asyncio
+import base64
 import fcntl
 import inspect
 import os
@@ -28,6 +29,7 @@ from gateway import errors
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.triton.shm import (
+    CUDA_SHM,
     SHM_DIR,
     SYSTEM_SHM,
     Lease,
@@ -41,6 +43,7 @@ from gateway.triton.shm import (
 )
 from gateway.triton.shm import manager as manager_module
 from gateway.triton.shm import pool as pool_module
+from tests.unit.fake_cupy import FakeRuntime, fake_cupy
 
 REGION_BYTES = 4096
 # Only a broken pool ever waits this long for an event the test awaits.
@@ -71,6 +74,8 @@ class FakeTriton:
     def __init__(self, rng: random.Random | None = None) -> None:
         self.system: dict[str, str] = {}
         self.cuda: dict[str, int] = {}
+        # The 64-byte cudaIpcMemHandle_t of each CUDA region, as Triton receives it.
+        self.cuda_handles: dict[str, bytes] = {}
         # Every name ever passed to an unregister call, in order ("" would mean "all of them").
         self.unregistered: list[str] = []
         self.refusing: set[str] = set()  # RPC method names that fail
@@ -92,6 +97,7 @@ class FakeTriton:
         """Triton restarted: nothing is registered any more."""
         self.system.clear()
         self.cuda.clear()
+        self.cuda_handles.clear()
 
     async def _call(self, method: str) -> None:
         gate = self.gates.get(method)
@@ -142,7 +148,14 @@ class FakeTriton:
         client_timeout: float | None = None,
     ) -> None:
         await self._call("register_cuda_shared_memory")
+        if name in self.cuda:
+            raise InferenceServerException(f"shared memory region '{name}' already in manager")
+        # The client sends base64.b64decode(raw_handle); Triton opens exactly those 64 bytes.
+        handle = base64.b64decode(raw_handle, validate=True)
+        if len(handle) != 64:
+            raise InferenceServerException(f"invalid CUDA IPC handle of {len(handle)} bytes")
         self.cuda[name] = device_id
+        self.cuda_handles[name] = handle
 
     async def unregister_cuda_shared_memory(
         self, name: str = "", *, client_timeout: float | None = None
@@ -151,7 +164,9 @@ class FakeTriton:
         self.unregistered.append(name)
         if not name:
             self.cuda.clear()
+            self.cuda_handles.clear()
         self.cuda.pop(name, None)
+        self.cuda_handles.pop(name, None)
 
     async def get_cuda_shared_memory_status(self, *, client_timeout: float | None = None) -> Status:
         await self._call("get_cuda_shared_memory_status")
@@ -602,12 +617,74 @@ async def test_stale_cleanup_removes_a_dead_run_and_keeps_a_live_one(
 
 @pytest.fixture
 def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto goes straight to system shm, whether or not this machine has cuda-python."""
+    """auto goes straight to system shm, whether or not this machine has CuPy and a GPU."""
 
     def load() -> None:
-        raise ShmUnavailable("no cuda-python here")
+        raise ShmUnavailable("no cupy here")
 
-    monkeypatch.setattr(manager_module, "load_cuda_shared_memory", load)
+    monkeypatch.setattr(manager_module, "load_cupy", load)
+
+
+@pytest.fixture
+def cuda_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRuntime]:
+    """A fake CuPy with two GPUs in place of the real one; every allocation freed at the end
+    (ask for it before ``make_manager``, whose teardown closes the managers)."""
+    runtime = FakeRuntime(device_count=2)
+    monkeypatch.setattr(manager_module, "load_cupy", lambda: fake_cupy(runtime))
+    yield runtime
+    assert not runtime.memory, "CUDA memory left allocated"
+
+
+async def test_cuda_shm_registers_ipc_handles_and_moves_the_bytes(
+    cuda_runtime: FakeRuntime, make_manager: Callable[..., SharedMemoryManager], fake: FakeTriton
+) -> None:
+    manager = make_manager(transport="cuda_shm", cuda_device_id=1)
+    await manager.connect()
+    pool = manager.pool
+    assert pool is not None and pool.transport == CUDA_SHM
+    assert set(fake.cuda) == {slot.names[0] for slot in pool.live} and not fake.system
+    assert set(fake.cuda.values()) == {1}
+    # Triton got each region's own 64-byte handle; the memory lives on the configured GPU.
+    devices = {
+        FakeRuntime.handle_of(address): device
+        for address, (device, _) in cuda_runtime.memory.items()
+    }
+    assert {devices[handle] for handle in fake.cuda_handles.values()} == {1}
+    assert len(set(fake.cuda_handles.values())) == 2
+    assert cuda_runtime.current == 0  # the caller's device is restored after each allocation
+
+    lease = await manager.acquire(5, 12)
+    assert lease is not None and lease.transport == CUDA_SHM
+    lease.slot.write(lease.input, b"hello")
+    expected = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+    lease.slot.write(lease.output, expected.tobytes())  # as Triton would
+    np.testing.assert_array_equal(lease.slot.read_float32(lease.output, [3]), expected)
+    manager.release(lease, finished=True)
+
+    names = {slot.names[0] for slot in pool.live}
+    await manager.close()
+    # Unregistered by name, then freed.
+    assert not fake.cuda and set(fake.unregistered) == names
+    assert not cuda_runtime.memory and len(cuda_runtime.freed) == 2
+
+
+async def test_auto_prefers_cuda_when_cupy_and_a_gpu_work(
+    cuda_runtime: FakeRuntime, make_manager: Callable[..., SharedMemoryManager], fake: FakeTriton
+) -> None:
+    manager = make_manager(transport="auto", triton_grpc_url="127.0.0.1:8001")
+    await manager.connect()
+    assert manager.pool is not None and manager.pool.transport == CUDA_SHM
+    assert len(fake.cuda) == 2 and not fake.system
+
+
+async def test_auto_takes_system_shm_when_the_cuda_region_cannot_be_allocated(
+    cuda_runtime: FakeRuntime, make_manager: Callable[..., SharedMemoryManager], fake: FakeTriton
+) -> None:
+    cuda_runtime.capacity = 0  # every cudaMalloc fails
+    manager = make_manager(transport="auto", triton_grpc_url="127.0.0.1:8001")
+    await manager.connect()
+    assert manager.pool is not None and manager.pool.transport == SYSTEM_SHM
+    assert not fake.cuda and len(fake.system) == 2
 
 
 async def test_auto_falls_back_to_grpc_when_triton_refuses_the_probe(

@@ -27,11 +27,12 @@ from gateway.triton.shm.slots import (
     FLOAT32_BYTES,
     SHM_DIR,
     CudaSlot,
+    CudaSlotFactory,
     Placement,
     ShmUnavailable,
     Slot,
     SystemSlot,
-    load_cuda_shared_memory,
+    load_cupy,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "SHM_DIR",
     "SYSTEM_SHM",
     "CudaSlot",
+    "CudaSlotFactory",
     "Lease",
     "Placement",
     "RegionPool",
@@ -49,7 +51,7 @@ __all__ = [
     "Slot",
     "SystemSlot",
     "is_loopback_url",
-    "load_cuda_shared_memory",
+    "load_cupy",
     "registered_names",
     "unregister_by_name",
 ]

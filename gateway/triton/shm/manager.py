@@ -38,7 +38,7 @@ from gateway.triton.shm.slots import (
     ShmUnavailable,
     SlotFactory,
     SystemSlot,
-    load_cuda_shared_memory,
+    load_cupy,
 )
 
 log = logging.getLogger(__name__)
@@ -106,13 +106,15 @@ class SharedMemoryManager:
             log.info("transport auto: Triton is not on this host; using gRPC")
             return None
         if settings.transport == CUDA_SHM:
-            load_cuda_shared_memory()  # fail at start, with the reason, not at the first request
+            load_cupy()  # fail at start, with the reason, not at the first request
         return cls(client, settings, metrics)
 
     def _new_pool(self, transport: str) -> RegionPool:
         settings = self.settings
         slots: SlotFactory = (
-            CudaSlotFactory(settings.cuda_device_id) if transport == CUDA_SHM else SystemSlot
+            CudaSlotFactory(settings.cuda_device_id, load_cupy())
+            if transport == CUDA_SHM
+            else SystemSlot
         )
         return RegionPool(
             self.client,
@@ -198,12 +200,13 @@ class SharedMemoryManager:
             await self.pool.reconcile()
 
     async def _decide_auto(self) -> None:
-        """auto: CUDA when cuda-python and the GPU work, else system; gRPC if Triton refuses."""
+        """auto: CUDA when CuPy and a GPU work, else system; gRPC if Triton refuses."""
         for transport in (CUDA_SHM, SYSTEM_SHM):
             if transport == CUDA_SHM:
                 try:
-                    load_cuda_shared_memory()
-                except ShmUnavailable:
+                    load_cupy()
+                except ShmUnavailable as exc:
+                    log.info("transport auto: cuda_shm unusable (%s)", exc)
                     continue
             pool = self._new_pool(transport)
             try:

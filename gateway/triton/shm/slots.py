@@ -1,26 +1,32 @@
 """Slots: the shared memory one request uses for its input and its output.
 
-A :class:`SystemSlot` is one POSIX shared-memory object in ``/dev/shm``; a :class:`CudaSlot` is two
-CUDA IPC regions. A slot knows how to lay out, write, read, register and free its memory; which
-slot a request gets, and when a slot is retired, is the pool's business.
+A :class:`SystemSlot` is one POSIX shared-memory object in ``/dev/shm``; a :class:`CudaSlot` is one
+CUDA IPC region allocated through CuPy's CUDA runtime bindings. A slot knows how to lay out, write,
+read, register and free its memory; which slot a request gets, and when a slot is retired, is the
+pool's business.
 """
 
 from __future__ import annotations
 
+import base64
 import importlib
+import logging
 import mmap
 import os
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from gateway.triton.shm.rpc import ADMIN_TIMEOUT_S, CUDA_SHM, SYSTEM_SHM, SharedMemoryRpc
+
+log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 # Outputs start on a cache-line boundary after the input.
@@ -99,7 +105,24 @@ class SlotFactory(Protocol):
         """A new slot whose regions are named after ``name``."""
 
 
-class SystemSlot(Slot):
+class _OneRegion:
+    """The layout of a slot that is one region: the input at 0, the output at the next aligned
+    offset after it."""
+
+    names: tuple[str, ...]
+
+    @staticmethod
+    def fits(input_bytes: int, output_bytes: int, byte_size: int) -> bool:
+        """Input and output share the region."""
+        return _align(input_bytes) + output_bytes <= byte_size
+
+    def place(self, input_bytes: int, output_bytes: int) -> tuple[Placement, Placement]:
+        """Input at offset 0, output at the next aligned offset."""
+        name = self.names[0]
+        return Placement(name, 0, input_bytes), Placement(name, _align(input_bytes), output_bytes)
+
+
+class SystemSlot(_OneRegion, Slot):
     """One POSIX shared-memory object in ``/dev/shm``: input at 0, output after it, aligned."""
 
     transport = SYSTEM_SHM
@@ -117,16 +140,6 @@ class SystemSlot(Slot):
             raise
         finally:
             os.close(fd)
-
-    @staticmethod
-    def fits(input_bytes: int, output_bytes: int, byte_size: int) -> bool:
-        """Input and output share the region."""
-        return _align(input_bytes) + output_bytes <= byte_size
-
-    def place(self, input_bytes: int, output_bytes: int) -> tuple[Placement, Placement]:
-        """Input at offset 0, output at the next aligned offset."""
-        name = self.names[0]
-        return Placement(name, 0, input_bytes), Placement(name, _align(input_bytes), output_bytes)
 
     def write(self, placement: Placement, data: bytes) -> None:
         """One memcpy into the mapping."""
@@ -150,79 +163,153 @@ class SystemSlot(Slot):
         (SHM_DIR / self.names[0]).unlink(missing_ok=True)
 
 
-def load_cuda_shared_memory() -> ModuleType:
-    """``tritonclient.utils.cuda_shared_memory``, imported only when CUDA transport is wanted."""
+# What `pip install` needs for CUDA transport: the CuPy build of this machine's CUDA major version.
+CUPY_PACKAGES = "cupy-cuda12x (CUDA 12) or cupy-cuda13x (CUDA 13)"
+# sizeof(cudaIpcMemHandle_t): Triton's register_cuda_shared_memory takes exactly these bytes.
+CUDA_IPC_HANDLE_BYTES = 64
+
+
+def load_cupy() -> Any:
+    """``cupy``, imported only when CUDA transport is wanted, with at least one GPU visible.
+
+    CuPy's ``cuda.runtime`` gives the four CUDA calls a slot needs (malloc, memcpy,
+    ipcGetMemHandle, free) directly. Warnings that importing it raises are logged, never raised:
+    a deprecation inside a third-party package must not stop the gateway from starting (the test
+    suite turns every warning into an error).
+    """
     try:
-        return importlib.import_module("tritonclient.utils.cuda_shared_memory")
-    except (ImportError, RuntimeError) as exc:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cupy = importlib.import_module("cupy")
+            devices = int(cupy.cuda.runtime.getDeviceCount())
+    except ImportError as exc:
         raise ShmUnavailable(
-            "transport cuda_shm needs the 'cuda-python' package (pip install "
-            "'tritonclient[cuda]==2.51.0'), setuptools<81 (tritonclient 2.51 imports "
-            f"pkg_resources) and an NVIDIA GPU: {exc}"
+            f"transport cuda_shm needs CuPy built for this machine's CUDA: pip install "
+            f"{CUPY_PACKAGES} (textscore's extras 'cuda' and 'cuda13'); and an NVIDIA "
+            f"GPU ({exc})"
         ) from exc
+    except Exception as exc:
+        # CuPy is there but CUDA is not usable: no driver, no GPU, a CuPy of another CUDA major
+        # (CUDARuntimeError, OSError for a missing library).
+        raise ShmUnavailable(
+            f"transport cuda_shm: CuPy is installed but CUDA is not usable here (is the CuPy "
+            f"package the one of this driver's CUDA: {CUPY_PACKAGES}?): {exc}"
+        ) from exc
+    for warning in caught:
+        log.info("importing cupy warned: %s: %s", warning.category.__name__, warning.message)
+    if devices < 1:
+        raise ShmUnavailable("transport cuda_shm needs an NVIDIA GPU; CUDA reports none")
+    return cupy
 
 
-class CudaSlot(Slot):
-    """Two CUDA IPC regions on ``device_id``: one for the input, one for the output.
+@contextmanager
+def _on_device(runtime: Any, device_id: int) -> Iterator[None]:
+    """Make ``device_id`` current for an allocation and restore the caller's device after it."""
+    previous = int(runtime.getDevice())
+    if previous != device_id:
+        runtime.setDevice(device_id)
+    try:
+        yield
+    finally:
+        if previous != device_id:
+            runtime.setDevice(previous)
 
-    Two regions because tritonclient's copy helpers only read and write at offset 0.
+
+class CudaSlot(_OneRegion, Slot):
+    """One CUDA IPC region on ``device_id``: input at 0, output at the next aligned offset.
+
+    ``cupy`` is the CuPy module (a fake one in the unit tests); only its ``cuda.runtime`` is used.
+    The memory comes from ``cudaMalloc`` itself, not from CuPy's memory pool: a pool hands out
+    pieces of larger allocations, and an IPC handle names a whole allocation, so Triton would open
+    the pool's block at its start instead of our piece.
     """
 
     transport = CUDA_SHM
 
-    def __init__(self, name: str, byte_size: int, device_id: int) -> None:
-        super().__init__((name + "i", name + "o"), byte_size)
-        self._cudashm = load_cuda_shared_memory()
+    def __init__(self, name: str, byte_size: int, device_id: int, cupy: Any = None) -> None:
+        super().__init__((name,), byte_size)
         self.device_id = device_id
-        self._handles: dict[str, Any] = {}
+        self._runtime = (cupy if cupy is not None else load_cupy()).cuda.runtime
+        self._pointer: int | None = None
         try:
-            for region in self.names:
-                self._handles[region] = self._cudashm.create_shared_memory_region(
-                    region, byte_size, device_id
-                )
+            with _on_device(self._runtime, device_id):
+                self._pointer = int(self._runtime.malloc(byte_size))
+            handle = self._runtime.ipcGetMemHandle(self._pointer)
         except Exception as exc:
             self.destroy()
             raise ShmUnavailable(
                 f"cannot allocate CUDA memory on device {device_id}: {exc}"
             ) from exc
+        if not isinstance(handle, bytes) or len(handle) != CUDA_IPC_HANDLE_BYTES:
+            self.destroy()
+            raise ShmUnavailable(
+                f"cudaIpcGetMemHandle gave {type(handle).__name__} of "
+                f"{len(handle) if isinstance(handle, bytes) else '?'} bytes, not "
+                f"{CUDA_IPC_HANDLE_BYTES}"
+            )
+        self.ipc_handle = handle
 
-    @staticmethod
-    def fits(input_bytes: int, output_bytes: int, byte_size: int) -> bool:
-        """Each tensor has a region of its own."""
-        return input_bytes <= byte_size and output_bytes <= byte_size
+    @property
+    def allocated(self) -> bool:
+        """Whether the device memory is still held (False once destroyed)."""
+        return self._pointer is not None
 
-    def place(self, input_bytes: int, output_bytes: int) -> tuple[Placement, Placement]:
-        """Input and output each at offset 0 of their region."""
-        return Placement(self.names[0], 0, input_bytes), Placement(self.names[1], 0, output_bytes)
+    @property
+    def raw_handle(self) -> bytes:
+        """The base64 of the 64-byte ``cudaIpcMemHandle_t`` (what tritonclient's
+        ``get_raw_handle`` returns and ``register_cuda_shared_memory`` decodes)."""
+        return base64.b64encode(self.ipc_handle)
+
+    def _address(self, placement: Placement, size: int) -> int:
+        if self._pointer is None:
+            raise ShmUnavailable(f"CUDA slot {self.names[0]} was destroyed")
+        if placement.offset < 0 or placement.offset + size > self.byte_size:
+            raise ValueError(
+                f"{size} bytes at offset {placement.offset} overrun a {self.byte_size}-byte region"
+            )
+        return self._pointer + placement.offset
 
     def write(self, placement: Placement, data: bytes) -> None:
-        """Host-to-device copy of the serialized input."""
-        self._cudashm.set_shared_memory_region(
-            self._handles[placement.region], [np.array([data], dtype=np.object_)]
+        """Host-to-device copy of the serialized input, finished before Triton is asked to read it."""
+        if not data:
+            return
+        host = np.frombuffer(data, dtype=np.uint8)
+        runtime = self._runtime
+        runtime.memcpy(
+            self._address(placement, len(data)),
+            host.ctypes.data,
+            len(data),
+            runtime.memcpyHostToDevice,
         )
+        # From pageable memory, cudaMemcpy may return while the DMA is still in flight; Triton
+        # reads the region from another process, which nothing else would order after it.
+        runtime.streamSynchronize(0)
 
     def read_float32(self, placement: Placement, shape: Sequence[int]) -> npt.NDArray[np.float32]:
-        """Device-to-host copy (the helper already returns a copy)."""
-        array: npt.NDArray[np.float32] = self._cudashm.get_contents_as_numpy(
-            self._handles[placement.region], np.float32, list(shape)
-        )
+        """Device-to-host copy into a fresh array (Triton finished writing before it answered)."""
+        array = np.empty([int(d) for d in shape], dtype=np.float32)
+        if array.nbytes:
+            runtime = self._runtime
+            runtime.memcpy(
+                array.ctypes.data,
+                self._address(placement, array.nbytes),
+                array.nbytes,
+                runtime.memcpyDeviceToHost,
+            )
         return array
 
     async def register(self, client: SharedMemoryRpc, name: str) -> None:
         """Triton opens the CUDA IPC handle on the same GPU."""
         await client.register_cuda_shared_memory(
-            name,
-            self._cudashm.get_raw_handle(self._handles[name]),
-            self.device_id,
-            self.byte_size,
-            client_timeout=ADMIN_TIMEOUT_S,
+            name, self.raw_handle, self.device_id, self.byte_size, client_timeout=ADMIN_TIMEOUT_S
         )
 
     def destroy(self) -> None:
-        """Free the device memory."""
-        for handle in self._handles.values():
-            self._cudashm.destroy_shared_memory_region(handle)
-        self._handles.clear()
+        """Free the device memory (once; Triton must have unregistered the region)."""
+        pointer, self._pointer = self._pointer, None
+        if pointer is not None:
+            with _on_device(self._runtime, self.device_id):
+                self._runtime.free(pointer)
 
 
 @dataclass(frozen=True)
@@ -230,6 +317,8 @@ class CudaSlotFactory:
     """Makes :class:`CudaSlot` s on one GPU (a :class:`SlotFactory`)."""
 
     device_id: int
+    # The CuPy module (``load_cupy()``'s result; a fake in the unit tests).
+    cupy: Any = None
     transport: ClassVar[str] = CUDA_SHM
 
     @staticmethod
@@ -239,4 +328,4 @@ class CudaSlotFactory:
 
     def __call__(self, name: str, byte_size: int) -> CudaSlot:
         """A new CUDA slot on ``device_id``."""
-        return CudaSlot(name, byte_size, self.device_id)
+        return CudaSlot(name, byte_size, self.device_id, self.cupy)

@@ -72,6 +72,26 @@ def decode_texts(raw: np.ndarray) -> list[str]:
     return texts
 
 
+class TorchOnDevice:
+    """An ``asarray`` that puts arrays on one torch device (torch takes the device per call;
+    CuPy uses the current device instead)."""
+
+    __name__ = "torch"
+
+    def __init__(self, torch: Any, device: str) -> None:
+        self.torch = torch
+        self.device = device
+
+    def asarray(self, array: np.ndarray) -> Any:
+        """``array`` as a tensor on the device."""
+        try:
+            return self.torch.as_tensor(array, device=self.device)
+        except RuntimeError:
+            # "Numpy is not available": a torch built against a newer numpy than the stub's
+            # numpy<2 may lack its numpy bridge; DLPack needs none.
+            return self.torch.from_dlpack(np.ascontiguousarray(array)).to(self.device)
+
+
 class TritonPythonModel:
     """Tokenizes each request's texts in one ``encode_batch`` call per ``execute``."""
 
@@ -84,23 +104,38 @@ class TritonPythonModel:
         self.pad_multiple = int(parameters["pad_to_multiple_of"])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.tokenizer = load_tokenizer(os.path.join(version_dir, TOKENIZER_FILE))
+        device_id = int(args.get("model_instance_device_id", "0"))
         self.xp, self.use_dlpack = self._choose_tensor_library(
-            parameters.get("tensor_library", "auto"), args.get("model_instance_kind", "CPU")
+            parameters.get("tensor_library", "auto"),
+            args.get("model_instance_kind", "CPU"),
+            device_id,
         )
         if self.xp.__name__ == "cupy":
-            device_id = int(args.get("model_instance_device_id", "0"))
             self.xp.cuda.Device(device_id).use()
+        if pb_utils is not None:
+            # The GPU check reads this line to know where the tensors were really built.
+            default = f"cuda:{device_id}" if self.xp.__name__ == "cupy" else "cpu"
+            where = getattr(self.xp, "device", default)
+            handed = ", handed on by DLPack" if self.use_dlpack else ""
+            pb_utils.Logger.log_info(
+                f"preprocess: tensors built with {self.xp.__name__} on {where}{handed}"
+            )
 
     @staticmethod
-    def _choose_tensor_library(setting: str, instance_kind: str) -> tuple[Any, bool]:
+    def _choose_tensor_library(
+        setting: str, instance_kind: str, device_id: int
+    ) -> tuple[Any, bool]:
         if setting == "numpy":
             return np, False
-        if setting == "torch_dlpack":
-            # numpy 1.x cannot release a DLPack capsule that a consumer renamed; torch can. This
-            # setting drives the GPU code path (device arrays handed on with DLPack) on a CPU.
+        if setting in ("torch", "torch_dlpack"):
+            # torch tensors on the instance's device, handed on with DLPack. On a CPU instance this
+            # drives the GPU code path (numpy 1.x cannot release a DLPack capsule that a consumer
+            # renamed; torch can); on a GPU instance it is the GPU path where CuPy cannot be used
+            # (CuPy 14 needs numpy 2, which the Python backend's stub cannot read).
             import torch
 
-            return torch, True
+            device = f"cuda:{device_id}" if instance_kind == "GPU" else "cpu"
+            return TorchOnDevice(torch, device), True
         if setting in ("cupy", "auto") and instance_kind == "GPU":
             import cupy
 
