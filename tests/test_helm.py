@@ -313,8 +313,13 @@ def test_triton_metrics_can_stay_on_loopback_too() -> None:
 def test_triton_runs_the_compose_stacks_server_flags(value_set: str) -> None:
     objects = rendered(value_set)
     args = container(objects, "triton")["args"]
-    assert args[0] == "tritonserver", "args keep the NGC image's entrypoint"
-    chart_flags = flags(args[1:])
+    # args (not command) keep the NGC image's entrypoint; the shell clears a crashed server's
+    # regions (the prefix Triton is given below) before it execs tritonserver, as compose does.
+    assert args[:2] == ["sh", "-c"] and args[3] == "tritonserver", args[:4]
+    removed = re.search(r"rm -f /dev/shm/(\S+)\*", args[2])
+    assert removed and 'exec tritonserver "$@"' in args[2]
+    chart_flags = flags(args[4:])
+    assert chart_flags["--backend-config"] == [f"python,shm-region-prefix-name={removed.group(1)}"]
     compose_flags = command_flags(stack()["services"]["triton"]["command"][1:])
     # Where the pod differs on purpose: the repository's location, loopback addresses and ports
     # shared with the gateway's namespace, the exit timeout, GPU metrics only with a GPU.
