@@ -28,11 +28,6 @@ class Principal:
     scopes: frozenset[str]
     rate_limit: RateLimit | None = None
 
-    @property
-    def key_id(self) -> str:
-        """The digest's first 8 hex digits: safe to log, enough to tell keys apart."""
-        return self.digest[:8]
-
 
 def hash_key(key: str) -> str:
     """Hex SHA-256 of an API key: the form keys are configured in."""

@@ -10,10 +10,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway import errors
-from gateway.deps import REQUEST_TIMEOUT_PARAMETER, InferenceContextDep
+from gateway.deps import REQUEST_TIMEOUT_PARAMETER, InferenceContext, InferenceContextDep
 from gateway.openapi import AUTH_ERRORS, error_responses
 from gateway.responses import OrjsonResponse
 from gateway.schemas import EmbedRequest, EmbedResponse, PredictRequest, PredictResponse
+from gateway.service import ModelResult
 
 T = TypeVar("T")
 
@@ -52,6 +53,20 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         task.cancel()
 
 
+def answer(context: InferenceContext, result: ModelResult, **outputs: object) -> Response:
+    """The JSON answer of an inference route: which model version answered, ``outputs``, the
+    request id, and the caller's rate-limit headers."""
+    return OrjsonResponse(
+        {
+            "model_name": result.model_name,
+            "model_version": result.model_version,
+            **outputs,
+            "request_id": context.request_id,
+        },
+        headers=context.headers,
+    )
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     # The body has been read already, so the next ASGI message can only be the disconnect.
     while True:
@@ -76,15 +91,7 @@ async def predict(body: PredictRequest, request: Request, context: InferenceCont
             body.texts, body.model_version, context.timeout_s, context.request_id
         ),
     )
-    return OrjsonResponse(
-        {
-            "model_name": result.model_name,
-            "model_version": result.model_version,
-            "scores": result.values,
-            "request_id": context.request_id,
-        },
-        headers=context.headers,
-    )
+    return answer(context, result, scores=result.values)
 
 
 @router.post(
@@ -103,13 +110,4 @@ async def embed(body: EmbedRequest, request: Request, context: InferenceContextD
             body.texts, body.model_version, context.timeout_s, context.request_id
         ),
     )
-    return OrjsonResponse(
-        {
-            "model_name": result.model_name,
-            "model_version": result.model_version,
-            "dimension": int(result.values.shape[1]),
-            "embeddings": result.values,
-            "request_id": context.request_id,
-        },
-        headers=context.headers,
-    )
+    return answer(context, result, dimension=int(result.values.shape[1]), embeddings=result.values)
