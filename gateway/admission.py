@@ -35,6 +35,8 @@ from gateway.metrics import GatewayMetrics
 
 # Completions older than this no longer count towards the drain rate.
 RATE_WINDOW_S = 2.0
+# Completions closer together than this count as this far apart (no division by zero).
+MIN_SPAN_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,14 @@ class AdmissionLimits:
 
 
 class DrainRate:
-    """Texts completed per second over the last ``RATE_WINDOW_S`` seconds (of those recorded)."""
+    """Texts completed per second over the last ``RATE_WINDOW_S`` seconds (of those recorded).
+
+    The oldest completion in the window marks where the measured span starts, so its own texts
+    (done before the span) do not count: the rate is the texts completed after it over the time
+    since it. One completion is no measurement (0.0, unknown): dividing it by a guessed span
+    understated a burst's first drain by orders of magnitude and refused requests that would
+    have been served in time. A stall lowers the rate as the span grows without completions.
+    """
 
     def __init__(self) -> None:
         self._completions: deque[tuple[float, int]] = deque()
@@ -62,13 +71,12 @@ class DrainRate:
         self._expire(now)
 
     def per_second(self, now: float) -> float:
-        """The rate; 0.0 before anything completed in the window."""
+        """The rate; 0.0 (unknown) until two completions fall in the window."""
         self._expire(now)
-        if not self._completions:
+        if len(self._completions) < 2:
             return 0.0
-        # A window shorter than RATE_WINDOW_S (just after start or idle) would overstate the rate.
-        span = max(now - self._completions[0][0], RATE_WINDOW_S / 4)
-        return self._total / span
+        started, first_texts = self._completions[0]
+        return (self._total - first_texts) / max(now - started, MIN_SPAN_S)
 
     def _expire(self, now: float) -> None:
         while self._completions and now - self._completions[0][0] > RATE_WINDOW_S:

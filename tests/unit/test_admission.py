@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway import errors
-from gateway.admission import RATE_WINDOW_S, AdmissionController, AdmissionLimits
+from gateway.admission import RATE_WINDOW_S, AdmissionController, AdmissionLimits, DrainRate
 from gateway.metrics import GatewayMetrics
 from tests.unit.conftest import unit_gateway
 from tests.unit.fake_triton import FakeTriton
@@ -89,13 +89,16 @@ async def test_a_full_queue_is_refused_at_once_with_retry_after() -> None:
         assert admission.queued == 0  # a cancelled waiter leaves the queue
 
 
-async def saturate(admission: AdmissionController) -> None:
-    """Two texts finish while others wait: the measured rate is 2 texts per quarter window."""
-    async with AsyncExitStack() as stack:
-        await hold(stack, admission, 1)
-        await hold(stack, admission, 1)
-        waiters = [asyncio.create_task(hold(AsyncExitStack(), admission, 1)) for _ in range(2)]
-        await wait_until(lambda: admission.queued == 2)
+async def saturate(admission: AdmissionController, clock: Clock) -> None:
+    """Two texts finish 0.1 s apart while others wait: the measured rate is 10 texts/s."""
+    first, second = AsyncExitStack(), AsyncExitStack()
+    await hold(first, admission, 1)
+    await hold(second, admission, 1)
+    waiters = [asyncio.create_task(hold(AsyncExitStack(), admission, 1)) for _ in range(2)]
+    await wait_until(lambda: admission.queued == 2)
+    for stack in (first, second):
+        clock.now += 0.1
+        await stack.aclose()
     await asyncio.gather(*waiters)
     admission.in_flight = 0  # the waiters' stacks are never closed: drop their holds by hand
 
@@ -103,15 +106,26 @@ async def saturate(admission: AdmissionController) -> None:
 async def test_a_request_that_would_miss_its_deadline_is_refused_at_once() -> None:
     clock = Clock()
     admission = controller(clock)
-    await saturate(admission)
-    rate = admission._rate.per_second(clock())
-    assert rate == pytest.approx(2 / (RATE_WINDOW_S / 4))
+    await saturate(admission, clock)
+    assert admission._rate.per_second(clock()) == pytest.approx(10.0)
     async with AsyncExitStack() as stack:
         await hold(stack, admission, 2)
-        # Ahead: 2 in flight at limit 2; its own 2 texts need about 2 / rate seconds more.
+        # Ahead: 2 in flight at limit 2; its own 2 texts need about 2 / 10 = 0.2 s more.
         with pytest.raises(errors.Overloaded, match="would start"):
             await stack.enter_async_context(admission.admit(2, deadline=clock() + 0.1))
         assert admission.queued == 0
+
+
+def test_one_completion_is_no_measurement_of_the_drain_rate() -> None:
+    # A burst's first completion (1 text) once read as 1 text per 0.5 s and refused requests
+    # 20 texts back as "would start in about 10.00 s" that were served in well under a second.
+    rate = DrainRate()
+    rate.record(1, 1000.0)
+    assert rate.per_second(1000.01) == 0.0
+    rate.record(1, 1000.02)  # the next one 20 ms later: 50 texts/s
+    assert rate.per_second(1000.02) == pytest.approx(50.0)
+    # A stall lowers the rate as time passes without completions.
+    assert rate.per_second(1001.0) == pytest.approx(1.0)
 
 
 async def test_completions_at_low_load_do_not_count_as_capacity() -> None:
