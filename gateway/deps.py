@@ -18,7 +18,7 @@ from gateway import errors
 from gateway.auth import KeyRing, Principal, presented_key, require_scope
 from gateway.context import request_id_var
 from gateway.rate_limit import RateLimiter
-from gateway.service import InferenceService
+from gateway.service import InferenceService, RequestMeta
 from gateway.settings import Settings
 
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
@@ -51,6 +51,10 @@ class InferenceContext:
     request_id: str
     timeout_s: float
     headers: dict[str, str]
+
+    def meta(self, model_version: str | None) -> RequestMeta:
+        """What the service needs of this request, for ``model_version`` (None: the policy's)."""
+        return RequestMeta(self.principal.digest, model_version, self.timeout_s, self.request_id)
 
 
 async def get_service(request: Request) -> InferenceService:
@@ -115,6 +119,13 @@ async def inference_principal(request: Request, response: Response) -> Principal
     return principal
 
 
+async def admin_principal(request: Request) -> Principal:
+    """The caller, who must hold the ``admin`` scope (401/403); admin calls have no rate limit:
+    they are few, and a rollback must never wait behind a 429."""
+    return require_scope(authenticate(request), "admin")
+
+
 ServiceDep = Annotated[InferenceService, Depends(get_service)]
 InferencePrincipal = Annotated[Principal, Depends(inference_principal)]
 InferenceContextDep = Annotated[InferenceContext, Depends(inference_context)]
+AdminPrincipal = Annotated[Principal, Depends(admin_principal)]

@@ -146,6 +146,13 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
+class Conflict(GatewayError):
+    """The request contradicts the current state (e.g. unloading a version that serves traffic)."""
+
+    status_code = 409
+    code = "conflict"
+
+
 class HttpError(GatewayError):
     """Any other HTTP-level refusal by the framework, with its own status (and headers)."""
 

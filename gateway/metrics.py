@@ -88,6 +88,50 @@ class GatewayMetrics:
             "Requests refused with 429 by the per-key rate limit",
             registry=registry,
         )
+        self.version_requests = Counter(
+            "gateway_version_requests_total",
+            "Inference requests per pipeline version, role (stable, canary, pinned) and outcome",
+            ["model", "version", "role", "outcome"],
+            registry=registry,
+        )
+        self.version_latency = Histogram(
+            "gateway_version_request_duration_seconds",
+            "Latency of served requests per pipeline version and role (admission wait included)",
+            ["model", "version", "role"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.rollbacks = Counter(
+            "gateway_canary_rollbacks_total",
+            "Canaries rolled back automatically, by the threshold passed (error_rate, p99)",
+            ["reason"],
+            registry=registry,
+        )
+        self.policy_revision = Gauge(
+            "gateway_traffic_policy_revision",
+            "Revision of the traffic policy applied",
+            registry=registry,
+        )
+        self.traffic_share = Gauge(
+            "gateway_traffic_share_percent",
+            "Share of the callers each pipeline version serves, by role (shadow: copied share)",
+            ["version", "role"],
+            registry=registry,
+        )
+        self.shadow_requests = Counter(
+            "gateway_shadow_requests_total",
+            "Copies sent to the shadow version: ok, error, or dropped (too many in flight)",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.shadow_drift = Histogram(
+            "gateway_shadow_drift",
+            "Shadow vs served answer per text: |score difference| (scores), cosine distance "
+            "(embeddings)",
+            ["model"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=registry,
+        )
         self.shm_regions_in_use = Gauge(
             "gateway_shm_regions_in_use",
             "Shared-memory regions held by requests",

@@ -37,14 +37,19 @@ class ReadinessMonitor:
     def __init__(
         self,
         client: TritonApi,
-        models: Sequence[str],
+        models: Callable[[], Sequence[str]],
         warm_up: Callable[[], Awaitable[None]],
+        refresh: Callable[[], Awaitable[object]],
         settings: Settings,
         metrics: GatewayMetrics,
     ) -> None:
+        """``models``: the models that must be ready now; ``warm_up``: run after each
+        (re)connection; ``refresh``: run at every poll while ready (its failures are logged and
+        leave readiness as it is)."""
         self.client = client
-        self.models = list(models)
+        self.models = models
         self.warm_up = warm_up
+        self.refresh = refresh
         self.settings = settings
         self.metrics = metrics
         self.state = Readiness(False, "starting: Triton not contacted yet")
@@ -86,12 +91,16 @@ class ReadinessMonitor:
     async def check_once(self) -> None:
         """One poll: verify Triton and the models; after a (re)connection, set up and warm up."""
         probe_timeout = max(0.2, min(1.0, self.settings.health_interval_s * 2))
-        healthy, reason = await self.client.is_ready(self.models, probe_timeout)
+        healthy, reason = await self.client.is_ready(self.models(), probe_timeout)
         if not healthy:
             self._warm = False
             self._set(False, reason)
             return
         if self._warm:
+            try:
+                await self.refresh()
+            except (GatewayError, TimeoutError, asyncio.TimeoutError) as exc:
+                log.warning("refresh failed", extra={"error": str(exc) or type(exc).__name__})
             return
         self._set(False, "warming up")
         try:

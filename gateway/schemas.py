@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -13,7 +13,10 @@ ModelVersion = Annotated[
     str,
     StringConstraints(pattern=MODEL_VERSION_PATTERN),
     Field(
-        description="Pin a model version (a positive integer); default: the version Triton serves"
+        description=(
+            "Pin a pipeline version (a positive integer, loaded); default: the traffic policy "
+            "chooses (stable, or the canary for a share of the API keys)"
+        )
     ),
 ]
 
@@ -128,6 +131,97 @@ class ModelsResponse(BaseModel):
 
     routes: dict[str, str] = Field(description="API route -> Triton model name")
     models: list[ModelState]
+
+
+PipelineVersionNumber = Annotated[
+    int, Field(ge=1, le=999_999_999, description="A pipeline version")
+]
+
+
+class TrafficPolicyModel(BaseModel):
+    """Where traffic goes: stable, an optional canary for a share of the API keys (sticky per
+    key), an optional shadow that gets a copy of the traffic (answers compared, never returned)."""
+
+    model_config = ConfigDict(title="TrafficPolicy")
+
+    revision: int = Field(description="Increases with every change")
+    stable: int
+    canary: int | None
+    canary_percent: float = Field(ge=0, le=100)
+    shadow: int | None
+    previous_stable: int | None = Field(description="What a rollback without a canary returns to")
+    updated_at: float = Field(description="Unix time of the change")
+    updated_by: str = Field(
+        description="Who changed it: an admin key's digest prefix, or canary-guard"
+    )
+    reason: str
+
+
+class PolicyUpdate(BaseModel):
+    """A whole new policy (every version it names must be loaded)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"stable": 1, "canary": 2, "canary_percent": 10}]},
+    )
+
+    stable: PipelineVersionNumber
+    canary: PipelineVersionNumber | None = None
+    canary_percent: float = Field(0.0, ge=0, le=100)
+    shadow: PipelineVersionNumber | None = None
+
+
+class CanaryUpdate(BaseModel):
+    """Send a share of the API keys to a loaded version."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"version": 2, "percent": 10}]}
+    )
+
+    version: PipelineVersionNumber
+    percent: float = Field(gt=0, le=100, description="Share of the API keys, in percent")
+
+
+class ShadowUpdate(BaseModel):
+    """Copy the traffic to a loaded version (or stop: null)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": 2}]})
+
+    version: PipelineVersionNumber | None
+
+
+class PolicyResponse(BaseModel):
+    """The traffic policy now and the changes before it (newest first)."""
+
+    policy: TrafficPolicyModel
+    history: list[TrafficPolicyModel]
+
+
+class VersionStatusModel(BaseModel):
+    """A pipeline version: its state here, its roles in the policy, its build manifest."""
+
+    model_config = ConfigDict(title="PipelineVersion")
+
+    version: int
+    state: str = Field(
+        description="available (built, not loaded), loading, ready, unloading, failed, or "
+        "loaded_elsewhere (loaded in Triton, not warmed up by this gateway)",
+        examples=["ready"],
+    )
+    roles: list[str] = Field(description="stable, canary, shadow", examples=[["stable"]])
+    in_flight: int = Field(description="Requests this gateway is serving on it now")
+    reason: str = Field(description="Why it failed to load, when it did")
+    manifest: dict[str, Any] | None = Field(
+        description="The build manifest (versions, data, forest metrics, artifact digests); "
+        "read from Triton once the version is loaded"
+    )
+
+
+class VersionsResponse(BaseModel):
+    """Every pipeline version and the traffic policy."""
+
+    policy: TrafficPolicyModel | None
+    versions: list[VersionStatusModel]
 
 
 class ErrorDetail(BaseModel):

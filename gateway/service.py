@@ -22,6 +22,8 @@ import numpy.typing as npt
 from gateway import errors
 from gateway.admission import AdmissionController, AdmissionLimits
 from gateway.context import timings_var
+from gateway.lifecycle.manager import VersionManager
+from gateway.lifecycle.store import FilePolicyStore, MemoryPolicyStore, PolicyStore
 from gateway.metrics import GatewayMetrics
 from gateway.readiness import Readiness, ReadinessMonitor
 from gateway.settings import Settings
@@ -34,8 +36,18 @@ WARMUP_TEXTS = ("Warm-up: a short product review.", "A longer warm-up review. " 
 
 
 @dataclass(frozen=True)
+class RequestMeta:
+    """Who asks, for which version, by when: what the service needs of an inference request."""
+
+    caller: str  # the API key's digest: the canary choice is sticky per key
+    model_version: str | None  # pinned by the caller, or None: the traffic policy decides
+    timeout_s: float
+    request_id: str
+
+
+@dataclass(frozen=True)
 class ModelResult:
-    """Rows of one output tensor, in request order, and the model version that produced them."""
+    """Rows of one output tensor, in request order, and the pipeline version that produced them."""
 
     model_name: str
     model_version: str
@@ -43,7 +55,7 @@ class ModelResult:
 
 
 class InferenceService:
-    """Runs texts through the routed Triton ensembles."""
+    """Runs texts through the routed Triton ensembles of the pipeline version each request gets."""
 
     def __init__(self, client: TritonApi, settings: Settings, metrics: GatewayMetrics) -> None:
         self.client = client
@@ -53,13 +65,22 @@ class InferenceService:
             "/v1/predict": settings.regression_model,
             "/v1/embed": settings.embedding_model,
         }
-        # Filled by each warm-up; requests are refused (not ready) until the first one passed.
-        self._models: dict[str, ModelInfo] = {}
-        # Created at the first warm-up (sized from the model's configuration), kept across
-        # re-warm-ups so that the measured drain rate survives a Triton restart.
+        store: PolicyStore = (
+            FilePolicyStore(settings.policy_path) if settings.policy_path else MemoryPolicyStore()
+        )
+        self.versions = VersionManager(client, settings, metrics, store, self._warm_version)
+        # Per Triton model (one per pipeline version), created at the version's warm-up (sized
+        # from its configuration) and kept across re-warm-ups, so that the measured drain rate
+        # survives a Triton restart.
         self._admission: dict[str, AdmissionController] = {}
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
         self._monitor = ReadinessMonitor(
-            client, list(self.routes.values()), self.warm_up, settings, metrics
+            client,
+            self.versions.routed_models,
+            self.versions.prepare,
+            self.versions.refresh,
+            settings,
+            metrics,
         )
 
     def start(self) -> None:
@@ -67,8 +88,11 @@ class InferenceService:
         self._monitor.start()
 
     async def close(self) -> None:
-        """Stop watching Triton and close the client."""
+        """Stop watching Triton, drop shadow copies in flight, and close the client."""
         await self._monitor.stop()
+        for task in list(self._shadow_tasks):
+            task.cancel()
+        await asyncio.gather(*self._shadow_tasks, return_exceptions=True)
         await self.client.close()
 
     @property
@@ -76,30 +100,20 @@ class InferenceService:
         """Whether the gateway can take traffic now, and why not."""
         return self._monitor.state
 
-    async def warm_up(self) -> None:
-        """Read each routed model's configuration and run a real request through each ensemble,
-        so that the first request after a (re)start is not slow."""
+    async def _warm_version(self, models: dict[str, ModelInfo]) -> None:
+        """Run a real request through each ensemble of one pipeline version, so that its first
+        request is not slow, and size its admission control."""
         timeout_s = self.settings.warmup_timeout_s
-        models = {
-            name: await self.client.model_info(name, self.settings.request_timeout_s)
-            for name in self.routes.values()
+        outputs = {
+            self.settings.regression_model: SCORE_OUTPUT,
+            self.settings.embedding_model: EMBEDDING_OUTPUT,
         }
-        await self.client.infer_texts(
-            models[self.settings.regression_model], WARMUP_TEXTS, SCORE_OUTPUT, timeout_s=timeout_s
-        )
-        await self.client.infer_texts(
-            models[self.settings.embedding_model],
-            WARMUP_TEXTS,
-            EMBEDDING_OUTPUT,
-            timeout_s=timeout_s,
-        )
-        if self.settings.admission_enabled:
-            for name, info in models.items():
-                if name not in self._admission:
-                    self._admission[name] = AdmissionController(
-                        name, self.admission_limits(info), self.metrics
-                    )
-        self._models = models
+        for model, info in models.items():
+            await self.client.infer_texts(info, WARMUP_TEXTS, outputs[model], timeout_s=timeout_s)
+            if self.settings.admission_enabled and info.name not in self._admission:
+                self._admission[info.name] = AdmissionController(
+                    info.name, self.admission_limits(info), self.metrics
+                )
 
     def admission_limits(self, model: ModelInfo) -> AdmissionLimits:
         """The model's admission sizes: the settings, with defaults from its ``max_batch_size``."""
@@ -116,33 +130,17 @@ class InferenceService:
             else settings.admission_max_queue,
         )
 
-    async def predict(
-        self, texts: Sequence[str], model_version: str | None, timeout_s: float, request_id: str
-    ) -> ModelResult:
+    async def predict(self, texts: Sequence[str], request: RequestMeta) -> ModelResult:
         """One score per text."""
         result = await self._run(
-            "predict",
-            self.settings.regression_model,
-            SCORE_OUTPUT,
-            texts,
-            model_version,
-            timeout_s,
-            request_id,
+            "predict", self.settings.regression_model, SCORE_OUTPUT, texts, request
         )
         return ModelResult(result.model_name, result.model_version, result.values.reshape(-1))
 
-    async def embed(
-        self, texts: Sequence[str], model_version: str | None, timeout_s: float, request_id: str
-    ) -> ModelResult:
+    async def embed(self, texts: Sequence[str], request: RequestMeta) -> ModelResult:
         """One embedding per text."""
         return await self._run(
-            "embed",
-            self.settings.embedding_model,
-            EMBEDDING_OUTPUT,
-            texts,
-            model_version,
-            timeout_s,
-            request_id,
+            "embed", self.settings.embedding_model, EMBEDDING_OUTPUT, texts, request
         )
 
     async def repository(self) -> list[RepositoryEntry]:
@@ -162,43 +160,112 @@ class InferenceService:
             )
 
     async def _run(
-        self,
-        route: str,
-        model_name: str,
-        output: str,
-        texts: Sequence[str],
-        model_version: str | None,
-        timeout_s: float,
-        request_id: str,
+        self, route: str, model: str, output: str, texts: Sequence[str], request: RequestMeta
     ) -> ModelResult:
         self.check_limits(texts)
         self.metrics.texts_per_request.labels(route).observe(len(texts))
         state = self.readiness
-        model = self._models.get(model_name)
-        if not state.ready or model is None:
+        if not state.ready:
             raise errors.NotReady(f"not ready: {state.reason}", self.settings.retry_after_s)
-        deadline = time.monotonic() + timeout_s
-        admission = self._admission.get(model_name)
-        async with admission.admit(len(texts), deadline) if admission else contextlib.nullcontext():
-            outcomes, elapsed = await self._infer_chunks(
-                model, output, texts, model_version, deadline, request_id
+        pinned = int(request.model_version) if request.model_version else None
+        version, role = self.versions.route(request.caller, pinned)
+        started = time.monotonic()
+        deadline = started + request.timeout_s
+        try:
+            values = await self._serve(version, model, output, texts, deadline, request.request_id)
+        except errors.GatewayError as exc:
+            # Only what the server is answerable for counts against a version.
+            self.versions.record(
+                version, role, model, exc.status_code < 500, time.monotonic() - started
             )
+            stable = self.versions.policy.stable if self.versions.policy else version
+            if not (
+                role == "canary"
+                and exc.status_code >= 500
+                and self.settings.canary_fallback
+                and time.monotonic() < deadline
+            ):
+                raise
+            # The canary failed this caller: stable answers instead (the guard has counted it).
+            version, role, started = stable, "stable", time.monotonic()
+            values = await self._serve(version, model, output, texts, deadline, request.request_id)
+        self.versions.record(version, role, model, True, time.monotonic() - started)
+        if role != "pinned":
+            self._copy_to_shadow(model, output, texts, values, request.request_id)
+        return ModelResult(model, str(version), values)
+
+    async def _serve(
+        self,
+        version: int,
+        model: str,
+        output: str,
+        texts: Sequence[str],
+        deadline: float,
+        request_id: str,
+    ) -> npt.NDArray[np.float32]:
+        """One request on one pipeline version: admission, the Triton calls, their metrics."""
+        info = self.versions.model(version, model)
+        admission = self._admission.get(info.name)
+        with self.versions.serving(version):
+            async with (
+                admission.admit(len(texts), deadline) if admission else contextlib.nullcontext()
+            ):
+                outcomes, elapsed = await self._infer_chunks(
+                    info, output, texts, deadline, request_id
+                )
         # The transports the chunks really used, mixed only when some chunks of one request fell
         # back from shared memory: e.g. "grpc+system_shm".
         transports = "+".join(sorted({outcome.transport for outcome in outcomes}))
-        self.metrics.triton_latency.labels(model_name, transports).observe(elapsed)
-        versions = {outcome.model_version for outcome in outcomes}
-        values = (
-            outcomes[0].array if len(outcomes) == 1 else np.concatenate([o.array for o in outcomes])
-        )
-        return ModelResult(model_name, ",".join(sorted(versions)), values)
+        self.metrics.triton_latency.labels(info.name, transports).observe(elapsed)
+        if len(outcomes) == 1:
+            return outcomes[0].array
+        return np.concatenate([o.array for o in outcomes])
+
+    def _copy_to_shadow(
+        self,
+        model: str,
+        output: str,
+        texts: Sequence[str],
+        served: npt.NDArray[np.float32],
+        request_id: str,
+    ) -> None:
+        """Send a copy to the shadow version in the background (never waited for, never
+        returned); over ``shadow_max_in_flight`` copies the copy is dropped, not queued."""
+        version = self.versions.shadow()
+        if version is None:
+            return
+        if len(self._shadow_tasks) >= self.settings.shadow_max_in_flight:
+            self.metrics.shadow_requests.labels(model, "dropped").inc()
+            return
+        task = asyncio.create_task(self._shadow(version, model, output, texts, served, request_id))
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+
+    async def _shadow(
+        self,
+        version: int,
+        model: str,
+        output: str,
+        texts: Sequence[str],
+        served: npt.NDArray[np.float32],
+        request_id: str,
+    ) -> None:
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        try:
+            values = await self._serve(
+                version, model, output, texts, deadline, f"{request_id}/shadow"
+            )
+        except errors.GatewayError:
+            self.metrics.shadow_requests.labels(model, "error").inc()
+            return
+        self.metrics.shadow_requests.labels(model, "ok").inc()
+        self.metrics.shadow_drift.labels(model).observe(drift(served, values))
 
     async def _infer_chunks(
         self,
         model: ModelInfo,
         output: str,
         texts: Sequence[str],
-        model_version: str | None,
         deadline: float,
         request_id: str,
     ) -> tuple[list[InferOutcome], float]:
@@ -218,7 +285,6 @@ class InferenceService:
                         model,
                         chunk,
                         output,
-                        model_version=model_version or "",
                         timeout_s=timeout_s,
                         request_id=f"{request_id}/{index}" if len(chunks) > 1 else request_id,
                     )
@@ -234,6 +300,14 @@ class InferenceService:
             if timings is not None:
                 timings.triton_seconds += elapsed
         return outcomes, elapsed
+
+
+def drift(served: npt.NDArray[np.float32], shadow: npt.NDArray[np.float32]) -> float:
+    """Mean per-text difference of two answers: |score difference| for scores (one value per
+    text), cosine distance for (L2-normalised) embeddings."""
+    if served.ndim == 1 or served.shape[-1] == 1:
+        return float(np.mean(np.abs(served.reshape(-1) - shadow.reshape(-1))))
+    return float(np.mean(1.0 - np.sum(served * shadow, axis=1)))
 
 
 async def all_or_nothing(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:

@@ -39,6 +39,32 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(0.5, gt=0, le=2.0, description="readiness monitor period")
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with every 503")
 
+    # Model lifecycle (gateway/lifecycle/): the traffic policy's file, shared by every replica in
+    # front of one Triton (None: kept in memory, lost at restart).
+    policy_path: Path | None = None
+    canary_window_s: float = Field(30.0, gt=0, description="window the canary guard compares over")
+    canary_min_requests: int = Field(
+        20, ge=1, description="canary requests in the window before the guard judges it"
+    )
+    canary_max_error_rate_increase: float = Field(
+        0.05, ge=0, le=1, description="roll back when canary errors exceed stable's by this share"
+    )
+    canary_max_p99_ratio: float = Field(
+        1.5, ge=1, description="roll back when the canary's p99 exceeds stable's times this"
+    )
+    canary_p99_slack_s: float = Field(
+        0.05, ge=0, description="... and exceeds it by at least this many seconds"
+    )
+    canary_fallback: bool = Field(
+        True, description="retry a request the canary failed on stable (within its deadline)"
+    )
+    shadow_max_in_flight: int = Field(
+        32, ge=1, description="shadow copies in flight at most; more are dropped, never queued"
+    )
+    unload_drain_timeout_s: float = Field(
+        30.0, gt=0, description="longest wait for a version's requests to finish before unload"
+    )
+
     # Admission control (gateway/admission.py): per model, in texts.
     admission_enabled: bool = True
     admission_target_s: float = Field(

@@ -87,9 +87,7 @@ async def predict(body: PredictRequest, request: Request, context: InferenceCont
     """Run the texts through the text-regression ensemble; one score per text, in order."""
     result = await until_disconnected(
         request,
-        context.service.predict(
-            body.texts, body.model_version, context.timeout_s, context.request_id
-        ),
+        context.service.predict(body.texts, context.meta(body.model_version)),
     )
     return answer(context, result, scores=result.values)
 
@@ -106,8 +104,6 @@ async def embed(body: EmbedRequest, request: Request, context: InferenceContextD
     """Run the texts through the text-embedding ensemble; one L2-normalised vector per text."""
     result = await until_disconnected(
         request,
-        context.service.embed(
-            body.texts, body.model_version, context.timeout_s, context.request_id
-        ),
+        context.service.embed(body.texts, context.meta(body.model_version)),
     )
     return answer(context, result, dimension=int(result.values.shape[1]), embeddings=result.values)

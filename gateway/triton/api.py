@@ -8,7 +8,7 @@ without a server. This module imports no ``tritonclient``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +24,10 @@ class ModelInfo:
     max_batch_size: int
     # FP32 elements per text of each fixed-shape output: sizes an output placed in shared memory.
     output_elements: Mapping[str, int]
+    # The config's string parameters (a pipeline version's ensembles carry its manifest there).
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    # An ensemble's steps, in order (empty for other models).
+    composing_models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,12 @@ class TritonApi(Protocol):
 
     async def repository_index(self, timeout_s: float) -> list[RepositoryEntry]:
         """Every model version in Triton's repository."""
+
+    async def load_model(self, model: str, timeout_s: float) -> None:
+        """Load ``model`` (an ensemble: with its composing models) from the repository."""
+
+    async def unload_model(self, model: str, timeout_s: float) -> None:
+        """Unload ``model`` alone (never its composing models: another ensemble may share them)."""
 
     async def close(self) -> None:
         """Release the connection and every transport resource."""

@@ -98,12 +98,29 @@ class TritonClient:
             dims = [int(d) for d in output.dims]
             if output.data_type == model_config_pb2.TYPE_FP32 and dims and all(d > 0 for d in dims):
                 elements[output.name] = int(np.prod(dims))
-        return ModelInfo(model, int(answer.config.max_batch_size), elements)
+        config = answer.config
+        return ModelInfo(
+            model,
+            int(config.max_batch_size),
+            elements,
+            parameters={key: value.string_value for key, value in config.parameters.items()},
+            composing_models=tuple(step.model_name for step in config.ensemble_scheduling.step),
+        )
 
     async def repository_index(self, timeout_s: float) -> list[RepositoryEntry]:
         """Every model in Triton's repository: name, version, state, reason."""
         answer = await self._call(self._client.get_model_repository_index(client_timeout=timeout_s))
         return [RepositoryEntry(m.name, m.version, m.state, m.reason) for m in answer.models]
+
+    async def load_model(self, model: str, timeout_s: float) -> None:
+        """Load ``model`` (an ensemble: with its composing models) from the repository."""
+        await self._call(self._client.load_model(model, client_timeout=timeout_s))
+
+    async def unload_model(self, model: str, timeout_s: float) -> None:
+        """Unload ``model`` alone (never its composing models: another ensemble may share them)."""
+        await self._call(
+            self._client.unload_model(model, unload_dependents=False, client_timeout=timeout_s)
+        )
 
     async def infer_texts(
         self,

@@ -1,18 +1,22 @@
 """A fake Triton client for the unit layer: satisfies ``TritonApi`` with no server behind it.
 
-Scores are ``len(text)`` and embeddings ``[len(text), index-in-chunk]`` so a test can check that
-split requests come back whole and in order. Failures, slowness and outages are set per test.
+Scores are ``len(text) + 1000 * (version - 1)`` and embeddings ``[len(text), index-in-chunk]`` so
+a test can check that split requests come back whole and in order, and which pipeline version
+answered. Pipeline versions are named as the renderer names them (``text_regression_v2``...).
+Failures, slowness and outages are set per test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gateway import errors
+from gateway.lifecycle.naming import parse_versioned
 from gateway.triton.api import InferOutcome, ModelInfo, RepositoryEntry
 
 EMBEDDING_WIDTH = 2
@@ -46,6 +50,12 @@ class FakeTriton:
     calls: list[InferCall] = field(default_factory=list)
     connects: int = 0
     closed: bool = False
+    # Pipeline versions in the repository, and which are loaded (version 1 at start).
+    versions: set[int] = field(default_factory=lambda: {1})
+    loaded: set[int] = field(default_factory=lambda: {1})
+    # Versions whose every request fails (a bad build), and load/unload calls seen.
+    failing_versions: set[int] = field(default_factory=set)
+    lifecycle_calls: list[str] = field(default_factory=list)
 
     async def is_ready(self, models: Sequence[str], timeout_s: float) -> tuple[bool, str]:
         """The configured verdict."""
@@ -56,10 +66,39 @@ class FakeTriton:
         self.connects += 1
 
     async def model_info(self, model: str, timeout_s: float) -> ModelInfo:
-        """Both ensembles with the configured batch limit."""
-        output = "score" if model == "text_regression" else "embedding"
+        """Both ensembles of a loaded version with the configured batch limit."""
+        base, version = self._parse(model)
+        output = "score" if base == "text_regression" else "embedding"
         width = 1 if output == "score" else EMBEDDING_WIDTH
-        return ModelInfo(model, self.max_batch_size, {output: width})
+        manifest = json.dumps({"pipeline_version": version, "parts": {"forest": version}})
+        return ModelInfo(
+            model,
+            self.max_batch_size,
+            {output: width},
+            parameters={"pipeline_version": str(version), "pipeline_manifest": manifest},
+            composing_models=("preprocess_v1", "bert_v1", f"forest_v{version}"),
+        )
+
+    def _parse(self, model: str) -> tuple[str, int]:
+        parsed = parse_versioned(model)
+        if parsed is None or parsed[1] not in self.loaded:
+            raise errors.ModelNotFound(f"Triton: model {model} is not loaded")
+        return parsed
+
+    async def load_model(self, model: str, timeout_s: float) -> None:
+        """Loads a version of the repository."""
+        self.lifecycle_calls.append(f"load {model}")
+        parsed = parse_versioned(model)
+        if parsed is None or parsed[1] not in self.versions:
+            raise errors.UpstreamInvalidArgument(f"Triton: failed to load {model}")
+        self.loaded.add(parsed[1])
+
+    async def unload_model(self, model: str, timeout_s: float) -> None:
+        """Unloads a version (its ensembles; composing model unloads are only recorded)."""
+        self.lifecycle_calls.append(f"unload {model}")
+        parsed = parse_versioned(model)
+        if parsed is not None and parsed[0] == "text_regression":
+            self.loaded.discard(parsed[1])
 
     async def infer_texts(
         self,
@@ -73,7 +112,10 @@ class FakeTriton:
         """Answer from the texts' lengths, or fail / wait as configured."""
         call = InferCall(model.name, list(texts), model_version, timeout_s, request_id)
         self.calls.append(call)
-        if self.fail_on_text is not None and self.fail_on_text in texts:
+        _, version = self._parse(model.name)
+        if (self.fail_on_text is not None and self.fail_on_text in texts) or (
+            version in self.failing_versions
+        ):
             raise errors.UpstreamError("Triton: the forest failed")
         try:
             if self.gate is not None:
@@ -85,15 +127,20 @@ class FakeTriton:
             raise
         lengths = np.array([len(text) for text in texts], dtype=np.float32)
         if output == "score":
-            array = lengths.reshape(-1, 1)
+            array = (lengths + 1000 * (version - 1)).reshape(-1, 1)
         else:
             array = np.stack([lengths, np.arange(len(texts), dtype=np.float32)], axis=1)
         return InferOutcome(array, model_version or "1")
 
     async def repository_index(self, timeout_s: float) -> list[RepositoryEntry]:
-        """The five models of the pipeline, all ready."""
-        names = ["bert", "forest", "preprocess", "text_embedding", "text_regression"]
-        return [RepositoryEntry(name, "1", "READY", "") for name in names]
+        """Each version's two ensembles, READY when loaded."""
+        return [
+            RepositoryEntry(
+                f"{model}_v{version}", "1", "READY" if version in self.loaded else "UNAVAILABLE", ""
+            )
+            for version in sorted(self.versions)
+            for model in ("text_embedding", "text_regression")
+        ]
 
     async def close(self) -> None:
         """Marks the client closed."""

@@ -177,7 +177,7 @@ async def test_overload_through_the_app_is_a_503_with_retry_after() -> None:
         assert (await first).status_code == 200
         metrics = (await gateway.client.get("/metrics")).text
         assert (
-            'gateway_admission_decisions_total{model="text_regression",outcome="refused_queue_full"} 1.0'
+            'gateway_admission_decisions_total{model="text_regression_v1",outcome="refused_queue_full"} 1.0'
             in metrics
         )
 
