@@ -1,10 +1,12 @@
 """The inference service: what the routes call, and the owner of every Triton call they need.
 
-It validates limits, admits each request through the model's admission control (bounded work in
-Triton, a bounded deadline-aware queue: ``gateway/admission.py``), splits requests above a model's
-``max_batch_size`` into concurrent Triton calls and reassembles them in order, all or nothing, and
-keeps the gateway's readiness (the warm-up that gates it reads each model's configuration: the one
-record of what the gateway knows of it).
+It validates limits, routes each request to a pipeline version (pinned by the caller, or by the
+traffic policy: ``gateway/lifecycle/``), admits it through that version's admission control
+(bounded work in Triton, a bounded deadline-aware queue: ``gateway/admission.py``), splits requests
+above a model's ``max_batch_size`` into concurrent Triton calls and reassembles them in order, all
+or nothing, answers a failed canary request from stable, copies routed requests to a shadow
+version, and keeps the gateway's readiness (the warm-up that gates it reads each model's
+configuration: the one record of what the gateway knows of it).
 """
 
 from __future__ import annotations
