@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.rate_limit import RateLimit
 
-# "infer" runs the /v1 inference and model-listing routes; "admin" is the scope of the
-# model-management API to come, and no route accepts it yet (an admin-only key gets 403 everywhere).
+# "infer" runs the /v1 inference and model-listing routes; "admin" the model-lifecycle API
+# (/v1/admin/...). A key holds either or both ("infer+admin").
 SCOPES = ("infer", "admin")
 DEFAULT_SCOPES = ("infer",)
 

@@ -7,6 +7,7 @@ Subcommands:
   raw       the in-process pipeline at several batch sizes (the machine's limit).
   baseline  serve the naive baseline in the foreground (e.g. for Locust).
   overload  the gateway offered k x its capacity: goodput, refusals, memory, recovery.
+  rollout   a model rollout, shadow traffic and a bad canary under open-loop load.
   chaos     SIGKILL Triton N times under steady load: hung requests, readiness, leftovers.
 """
 
@@ -202,6 +203,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_workload(overload)
 
+    rollout = commands.add_parser(
+        "rollout",
+        help="a rollout (build v2, load, canary, promote, unload), shadow and a bad canary, "
+        "under open-loop load against a stack started here",
+    )
+    rollout.add_argument("--repository", type=Path, default=Path("model_repository"))
+    rollout.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    rollout.add_argument("--load", type=float, default=0.5, help="offered rate / capacity")
+    rollout.add_argument(
+        "--capacity", type=float, help="requests/s the stack serves (default: measured)"
+    )
+    rollout.add_argument("--keys", type=int, default=1000, help="infer keys, used in turn")
+    rollout.add_argument("--baseline", type=float, default=30.0, help="seconds before the rollout")
+    rollout.add_argument("--canary", type=float, default=10.0, help="canary percent")
+    rollout.add_argument("--canary-requests", type=int, default=5000)
+    rollout.add_argument("--shadow-rounds", type=int, default=3)
+    rollout.add_argument("--shadow-seconds", type=float, default=20.0)
+    rollout.add_argument("--timeout", type=float, default=10.0)
+    rollout.add_argument("--seed", type=int, default=0)
+
     chaos = commands.add_parser(
         "chaos", help="SIGKILL Triton (under the dev supervisor) N times under steady load"
     )
@@ -333,6 +354,26 @@ def _overload(args: argparse.Namespace) -> int:
     return _report(asyncio.run(run_overload(config)))
 
 
+def _rollout(args: argparse.Namespace) -> int:
+    from load.rollout import RolloutConfig, run_rollout
+
+    config = RolloutConfig(
+        repository=args.repository,
+        results_dir=args.results,
+        load=args.load,
+        capacity=args.capacity,
+        keys=args.keys,
+        baseline_s=args.baseline,
+        canary_percent=args.canary,
+        canary_requests=args.canary_requests,
+        shadow_rounds=args.shadow_rounds,
+        shadow_round_s=args.shadow_seconds,
+        timeout_s=args.timeout,
+        seed=args.seed,
+    )
+    return _report(asyncio.run(run_rollout(config)))
+
+
 def _chaos(args: argparse.Namespace) -> int:
     from load.chaos import ChaosConfig, run_chaos
 
@@ -372,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": _baseline,
         "overload": _overload,
         "chaos": _chaos,
+        "rollout": _rollout,
     }
     try:
         return handlers[args.command](args)

@@ -9,7 +9,7 @@ tool sets only what it must (port, key, Triton's URL, log level, and what the ca
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,14 +45,23 @@ def gateway_process(
     workdir: Path,
     settings: Mapping[str, str] | None = None,
     max_texts_per_request: int = 512,
+    extra_key_entries: Sequence[str] = (),
 ) -> GatewayProcess:
     """``python -m gateway serve`` in front of ``triton_url``, healthy once ``/readyz`` is 200.
 
-    ``settings`` are extra ``GATEWAY_*`` variables (e.g. ``GATEWAY_REQUEST_TIMEOUT_S``).
+    ``settings`` are extra ``GATEWAY_*`` variables (e.g. ``GATEWAY_REQUEST_TIMEOUT_S``);
+    ``extra_key_entries`` more keys it accepts (through a keys file: a thousand would not fit
+    in one environment variable).
     """
     from gateway.auth import new_key
 
     api_key, entry = new_key(("infer",))
+    extra: dict[str, str] = {}
+    if extra_key_entries:
+        keys_file = workdir / "api-keys.txt"
+        keys_file.parent.mkdir(parents=True, exist_ok=True)
+        keys_file.write_text("\n".join(extra_key_entries) + "\n")
+        extra["GATEWAY_API_KEYS_FILE"] = str(keys_file)
     port = free_port()
     env = child_environment(
         {
@@ -61,6 +70,7 @@ def gateway_process(
             "GATEWAY_API_KEYS": entry,
             "GATEWAY_LOG_LEVEL": "warning",
             "GATEWAY_MAX_TEXTS_PER_REQUEST": str(max(512, max_texts_per_request)),
+            **extra,
             **(settings or {}),
         }
     )

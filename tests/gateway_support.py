@@ -32,8 +32,12 @@ class RunningGateway:
     def client(
         self, key: str | None = "infer", headers: dict[str, str] | None = None, **kwargs: Any
     ) -> httpx.Client:
-        """An HTTP client, authenticated with the infer key unless ``key`` is None."""
-        merged = {"X-API-Key": self.infer_key} if key == "infer" else {}
+        """An HTTP client authenticated with ``key``: "infer" (the default), "admin", any other
+        key as given, or None for no key."""
+        keys = {"infer": self.infer_key, "admin": self.admin_only_key}
+        merged = {"X-API-Key": keys[key]} if key in keys else {}
+        if key is not None and key not in keys:
+            merged = {"X-API-Key": key}
         merged.update(headers or {})
         return httpx.Client(base_url=self.base_url, headers=merged, timeout=30, **kwargs)
 
@@ -65,9 +69,13 @@ class RunningGateway:
 
 @contextmanager
 def running_gateway(
-    triton_grpc_url: str, wait_ready: bool = True, **overrides: Any
+    triton_grpc_url: str,
+    wait_ready: bool = True,
+    extra_key_entries: tuple[str, ...] = (),
+    **overrides: Any,
 ) -> Iterator[RunningGateway]:
-    """Start a gateway in front of ``triton_grpc_url`` with ``overrides`` applied to its settings."""
+    """Start a gateway in front of ``triton_grpc_url`` with ``overrides`` applied to its settings
+    (and ``extra_key_entries`` accepted besides its own infer and admin keys)."""
     infer_key, infer_entry = new_key(("infer",))
     admin_key, admin_entry = new_key(("admin",))
     port = free_port()
@@ -75,7 +83,7 @@ def running_gateway(
         _env_file=None,
         triton_grpc_url=triton_grpc_url,
         port=port,
-        api_keys=[infer_entry, admin_entry],
+        api_keys=[infer_entry, admin_entry, *extra_key_entries],
         health_interval_s=0.2,
         **{
             # These tests send bursts to check other things (pools, splitting, cancellation) on a
