@@ -329,6 +329,8 @@ def render_models(
     ``destination`` (each new model appears whole, by a rename). Raises FileNotFoundError when
     ``source`` has no built pipeline version.
     """
+    if source.resolve().is_relative_to(destination.resolve()):
+        raise ValueError(f"{destination} holds the source repository {source}: render elsewhere")
     versions = list_versions(source)
     if not versions:
         raise FileNotFoundError(
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         instances[model] = int(count)
     try:
         written = render_models(args.out, args.profile, args.source, instances, additive=args.add)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.out}: {', '.join(written) if written else 'nothing new'}")

@@ -69,6 +69,11 @@ def part_versions(manifest: Mapping[str, Any]) -> dict[str, int]:
     return {part: int(parts[part]["version"]) for part in PARTS}
 
 
+def ensemble_names(version: int) -> tuple[str, str]:
+    """The served names of pipeline ``version``'s ensembles: (regression, embedding)."""
+    return (f"text_regression_v{int(version)}", f"text_embedding_v{int(version)}")
+
+
 def served_names(version: int, parts: Mapping[str, int]) -> dict[str, str]:
     """Triton model names of pipeline ``version`` made of part versions ``parts``.
 
@@ -77,12 +82,7 @@ def served_names(version: int, parts: Mapping[str, int]) -> dict[str, str]:
     ``bert_v1``, ...). A part shared by several versions has one served name.
     """
     names = {part: f"{part}_v{int(parts[part])}" for part in PARTS}
-    names.update(
-        {
-            ensemble: f"{ensemble}_v{int(version)}"
-            for ensemble in ("text_regression", "text_embedding")
-        }
-    )
+    names["text_regression"], names["text_embedding"] = ensemble_names(version)
     return names
 
 
