@@ -72,14 +72,15 @@ def test_a_new_version_is_added_to_a_serving_triton_and_both_answer(
         "text_embedding_v1",
         "text_regression_v1",
     ]
-    existing = {
-        path: (path.stat().st_ino, path.stat().st_mtime_ns)
-        for name in ("bert_v1", "forest_v1", "text_regression_v1")
-        for path in (served / name, served / name / "config.pbtxt", served / name / "1")
-    }
     with EmbeddedTriton(served, tmp_path / "triton") as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         v1_scores = infer(client, "text_regression_v1", TEXTS, "score")
+        # Taken once Triton has loaded them (the Python backend writes __pycache__ into 1/).
+        existing = {
+            path: (path.stat().st_ino, path.stat().st_mtime_ns)
+            for name in ("bert_v1", "forest_v1", "text_regression_v1")
+            for path in (served / name, served / name / "config.pbtxt", served / name / "1")
+        }
         added = render_models(served, "cpu", two_versions, additive=True)
         # Only version 2's own models: preprocess_v1 and bert_v1 are shared and already there.
         assert sorted(added) == ["forest_v2", "text_embedding_v2", "text_regression_v2"]
