@@ -45,5 +45,6 @@ openapi: install
 	$(PY) -m gateway openapi > docs/openapi.json
 
 clean:
-	rm -rf .work model_repository/build-manifest.json
-	find model_repository -path '*/[0-9]*/*' ! -name model.py ! -name .gitkeep -delete
+	rm -rf .work model_repository/pipelines
+	find model_repository -path "*/[0-9]*/*" ! -path model_repository/preprocess/1/model.py ! -name .gitkeep -delete
+	find model_repository -mindepth 2 -maxdepth 2 -type d -empty -delete

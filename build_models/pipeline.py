@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache, cached_property
 from pathlib import Path
 from types import ModuleType
@@ -18,13 +18,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from build_models.versions import latest_version, part_versions, read_manifest
+
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
 
 
 @cache
-def preprocess_module(repository: Path = DEFAULT_REPOSITORY) -> ModuleType:
-    """Import ``preprocess/1/model.py`` of ``repository`` as a plain module."""
-    path = repository / "preprocess" / "1" / "model.py"
+def preprocess_module(repository: Path = DEFAULT_REPOSITORY, part_version: int = 1) -> ModuleType:
+    """Import ``preprocess/<part_version>/model.py`` of ``repository`` as a plain module.
+
+    Version 1's is the committed file; a later part version has its own copy, taken at build time.
+    """
+    path = repository / "preprocess" / str(part_version) / "model.py"
     spec = importlib.util.spec_from_file_location("textscore_preprocess_model", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
@@ -41,13 +46,18 @@ def pad_to_multiple_of(repository: Path = DEFAULT_REPOSITORY) -> int:
     return int(config.parameters["pad_to_multiple_of"].string_value)
 
 
-def artifact_paths(repository: Path) -> dict[str, Path]:
-    """Where the builder writes each artifact inside a model repository."""
+def part_paths(repository: Path, parts: Mapping[str, int]) -> dict[str, Path]:
+    """Where each artifact of the part versions ``parts`` lies inside a source repository."""
     return {
-        "tokenizer": repository / "preprocess" / "1" / "tokenizer.json",
-        "encoder": repository / "bert" / "1" / "model.pt",
-        "forest": repository / "forest" / "1" / "checkpoint.tl",
+        "tokenizer": repository / "preprocess" / str(parts["preprocess"]) / "tokenizer.json",
+        "encoder": repository / "bert" / str(parts["bert"]) / "model.pt",
+        "forest": repository / "forest" / str(parts.get("forest", 0)) / "checkpoint.tl",
     }
+
+
+def artifact_paths(repository: Path, version: int) -> dict[str, Path]:
+    """The artifacts of pipeline ``version``, read through its manifest's part versions."""
+    return part_paths(repository, part_versions(read_manifest(repository, version)))
 
 
 class ReferencePipeline:
@@ -56,21 +66,39 @@ class ReferencePipeline:
     def __init__(
         self,
         repository: Path = DEFAULT_REPOSITORY,
+        version: int | None = None,
         torch_threads: int | None = None,
         device: str = "cpu",
+        parts: Mapping[str, int] | None = None,
     ) -> None:
-        """Load the artifacts of ``repository``; the encoder runs on ``device`` (e.g. ``cuda:0``
-        for the naive baseline on a GPU), tokenizer and forest on the host."""
+        """Load pipeline ``version`` of ``repository`` (None: the highest built version).
+
+        ``parts`` (part name -> part version) loads parts directly instead, for the builder,
+        which embeds its training texts before the version's manifest exists. The encoder runs
+        on ``device`` (e.g. ``cuda:0`` for the naive baseline on a GPU), tokenizer and forest on
+        the host.
+        """
         import torch
         import treelite
 
         if torch_threads:
             torch.set_num_threads(torch_threads)
-        paths = artifact_paths(repository)
+        if parts is None:
+            chosen = latest_version(repository) if version is None else version
+            if chosen is None:
+                raise FileNotFoundError(
+                    f"no pipeline version is built in {repository}: run python -m build_models"
+                )
+            parts = part_versions(read_manifest(repository, chosen))
+            self.version: int | None = chosen
+        else:
+            self.version = version
+        self.parts = dict(parts)
+        paths = part_paths(repository, parts)
         self._torch = torch
         self.device = torch.device(device)
         self.pad_multiple = pad_to_multiple_of(repository)
-        self._preprocess = preprocess_module(repository)
+        self._preprocess = preprocess_module(repository, int(parts["preprocess"]))
         self.tokenizer = self._preprocess.load_tokenizer(str(paths["tokenizer"]))
         with warnings.catch_warnings():
             # TorchScript is deprecated in torch >= 2.10 but is what Triton's PyTorch backend reads.
@@ -80,8 +108,11 @@ class ReferencePipeline:
             self.encoder = torch.jit.load(  # type: ignore[no-untyped-call]
                 str(paths["encoder"]), map_location=self.device
             ).eval()
+        # The builder loads the encoder parts alone (no "forest" key) to embed its training data.
         self.forest: Any | None = (
-            treelite.Model.deserialize(str(paths["forest"])) if paths["forest"].exists() else None
+            treelite.Model.deserialize(str(paths["forest"]))
+            if "forest" in parts and paths["forest"].exists()
+            else None
         )
 
     def tokenize(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

@@ -15,8 +15,10 @@ Profiles:
   on the GPU, handed on by DLPack; the encoder runs on CUDA), the ``forest`` stand-in on KIND_CPU
   (Treelite's GTIL has no GPU code; the FIL backend that runs it on the GPU is not in the wheel).
 
-Artifacts are linked, not copied. Rendering also applies the embedding width of the build and
-per-model instance counts.
+Every pipeline version built in the source repository is served under its own model names
+(``text_regression_vN`` steps through ``preprocess_vP``, ``bert_vB``, ``forest_vF``; see
+``build_models.versions``), each with one Triton version ``1/``. Artifacts are linked, not copied.
+Rendering also applies each version's embedding width and per-model instance counts.
 """
 
 from __future__ import annotations
@@ -25,14 +27,37 @@ import argparse
 import json
 import os
 import shutil
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from build_models.pipeline import DEFAULT_REPOSITORY
+from build_models.versions import (
+    SERVED_MODEL_VERSION,
+    list_versions,
+    part_versions,
+    read_manifest,
+    served_names,
+)
 
+__all__ = [
+    "COMPOSING_MODELS",
+    "ENSEMBLES",
+    "MODELS",
+    "render_config",
+    "render_models",
+    "render_part",
+    "render_repository",
+    "render_version",
+    "served_names",
+    "write_pipeline_ensembles",
+]
+
+# Template names: the committed configs. Served names carry versions (``served_names``).
 COMPOSING_MODELS = ("preprocess", "bert", "forest")
 ENSEMBLES = ("text_regression", "text_embedding")
 MODELS = COMPOSING_MODELS + ENSEMBLES
@@ -140,6 +165,197 @@ def render_config(
     return rendered
 
 
+def _write_model_dir(destination: Path, name: str, fill: Callable[[Path], None]) -> bool:
+    """Create model directory ``name`` in ``destination`` unless it exists; False if it did.
+
+    The directory is filled under a hidden temporary name and renamed into place, so a Triton
+    serving ``destination`` never sees a half-written model. An existing one is never touched.
+    """
+    target = destination / name
+    if target.exists():
+        return False
+    tmp = destination / f".{name}.rendering-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a render of this process that failed half-way
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return True
+
+
+def render_part(
+    destination: Path,
+    part: str,
+    part_version: int,
+    profile: str,
+    source: Path = DEFAULT_REPOSITORY,
+    dimension: int | None = None,
+    instances: Mapping[str, int] | None = None,
+    torch_threads: int | None = None,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+) -> bool:
+    """Write the served model ``<part>_v<part_version>`` into ``destination`` unless it exists.
+
+    Its config is the committed template of ``part`` rendered for ``profile`` (``instances`` and
+    ``overrides`` keyed by the template name); its one Triton version ``1/`` links the artifacts
+    of ``source/<part>/<part_version>/`` and copies model.py files. Returns True when written.
+    """
+    name = f"{part}_v{part_version}"
+    config = render_config(
+        read_config(source / part / "config.pbtxt"),
+        profile,
+        dimension,
+        instances,
+        torch_threads,
+        overrides,
+    )
+    config.name = name
+    artifacts = source / part / str(part_version)
+
+    def fill(model_dir: Path) -> None:
+        write_config(config, model_dir / "config.pbtxt")
+        out_version = model_dir / str(SERVED_MODEL_VERSION)
+        out_version.mkdir()
+        if artifacts.is_dir():
+            for item in sorted(artifacts.iterdir()):
+                if item.name == ".gitkeep" or item.suffix == ".tmp":
+                    continue
+                if item.suffix == ".py":
+                    # Copied: Triton imports it from here, and a link would follow later edits.
+                    shutil.copy2(item, out_version / item.name)
+                else:
+                    (out_version / item.name).symlink_to(item.resolve())
+        if profile in STAND_IN_PROFILES and part in ("bert", "forest"):
+            shutil.copy2(CPU_STAND_INS / f"{part}.py", out_version / "model.py")
+
+    return _write_model_dir(destination, name, fill)
+
+
+def write_pipeline_ensembles(
+    destination: Path,
+    version: int,
+    parts: Mapping[str, int],
+    manifest: Mapping[str, Any] | None,
+    profile: str,
+    source: Path = DEFAULT_REPOSITORY,
+) -> list[str]:
+    """Write pipeline ``version``'s two ensembles (``text_regression_vN``, ``text_embedding_vN``)
+    into ``destination``, their steps naming the composing models of ``parts``; existing ones
+    are left alone. Returns the names written.
+
+    The configs carry the string parameters ``pipeline_version`` ("N") and ``pipeline_manifest``
+    (``manifest`` as compact JSON; omitted when ``manifest`` is None). The composing models must
+    be rendered separately (``render_part``), or fabricated by a test.
+    """
+    names = served_names(version, parts)
+    dimension = None if manifest is None else int(manifest["embedding_dimension"])
+    written = []
+    for ensemble in ENSEMBLES:
+        config = render_config(read_config(source / ensemble / "config.pbtxt"), profile, dimension)
+        config.name = names[ensemble]
+        for step in config.ensemble_scheduling.step:
+            step.model_name = names[step.model_name]
+            step.model_version = SERVED_MODEL_VERSION
+        _set_parameter(config, "pipeline_version", str(version))
+        if manifest is not None:
+            _set_parameter(config, "pipeline_manifest", json.dumps(manifest, separators=(",", ":")))
+
+        def fill(model_dir: Path, config: mc.ModelConfig = config) -> None:
+            write_config(config, model_dir / "config.pbtxt")
+            (model_dir / str(SERVED_MODEL_VERSION)).mkdir()
+
+        if _write_model_dir(destination, names[ensemble], fill):
+            written.append(names[ensemble])
+    return written
+
+
+def render_version(
+    destination: Path,
+    version: int,
+    parts: Mapping[str, int],
+    profile: str,
+    manifest: Mapping[str, Any] | None = None,
+    source: Path = DEFAULT_REPOSITORY,
+    instances: Mapping[str, int] | None = None,
+    torch_threads: int | None = None,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[str]:
+    """Write the models of one pipeline version missing from ``destination``; returns their names.
+
+    Composing models first, ensembles last, so an ensemble never names a model not yet there.
+    ``manifest`` None renders the committed configs alone (no built artifacts, the template
+    embedding width): what the static config checks use.
+    """
+    destination.mkdir(parents=True, exist_ok=True)
+    dimension = None if manifest is None else int(manifest["embedding_dimension"])
+    names = served_names(version, parts)
+    written = [
+        names[part]
+        for part in COMPOSING_MODELS
+        if render_part(
+            destination,
+            part,
+            int(parts[part]),
+            profile,
+            source,
+            dimension,
+            instances,
+            torch_threads,
+            overrides,
+        )
+    ]
+    written += write_pipeline_ensembles(destination, version, parts, manifest, profile, source)
+    return written
+
+
+def render_models(
+    destination: Path,
+    profile: str,
+    source: Path = DEFAULT_REPOSITORY,
+    instances: Mapping[str, int] | None = None,
+    torch_threads: int | None = None,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+    additive: bool = False,
+) -> list[str]:
+    """Render every pipeline version built in ``source`` into ``destination``; returns the model
+    names written.
+
+    ``additive`` False replaces ``destination`` (a fresh render). ``additive`` True only adds the
+    models missing from it and never touches existing ones, so it is safe while Triton serves
+    ``destination`` (each new model appears whole, by a rename). Raises FileNotFoundError when
+    ``source`` has no built pipeline version.
+    """
+    if source.resolve().is_relative_to(destination.resolve()):
+        raise ValueError(f"{destination} holds the source repository {source}: render elsewhere")
+    versions = list_versions(source)
+    if not versions:
+        raise FileNotFoundError(
+            f"no pipeline version is built in {source}: run python -m build_models"
+        )
+    if not additive and destination.exists():
+        shutil.rmtree(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    for version in versions:
+        manifest = read_manifest(source, version)
+        written += render_version(
+            destination,
+            version,
+            part_versions(manifest),
+            profile,
+            manifest,
+            source,
+            instances,
+            torch_threads,
+            overrides,
+        )
+    return written
+
+
 def render_repository(
     destination: Path,
     profile: str,
@@ -147,47 +363,15 @@ def render_repository(
     instances: Mapping[str, int] | None = None,
     torch_threads: int | None = None,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
+    additive: bool = False,
 ) -> Path:
-    """Write a servable repository for ``profile`` into ``destination`` (replaced if present).
+    """Write a servable repository for ``profile`` into ``destination``: every pipeline version
+    of ``source`` under its own model names (``served_names``). Returns ``destination``.
 
-    Artifacts of ``source`` are symlinked; model.py files are copied. Returns ``destination``.
+    ``additive`` False: ``destination`` is replaced. True: only missing models are added (safe
+    while Triton serves it). Artifacts of ``source`` are symlinked; model.py files are copied.
     """
-    manifest_path = source / "build-manifest.json"
-    dimension = (
-        json.loads(manifest_path.read_text())["embedding_dimension"]
-        if manifest_path.is_file()
-        else None
-    )
-    if destination.exists():
-        shutil.rmtree(destination)
-    destination.mkdir(parents=True)
-    for name in MODELS:
-        model_dir = source / name
-        config = render_config(
-            read_config(model_dir / "config.pbtxt"),
-            profile,
-            dimension,
-            instances,
-            torch_threads,
-            overrides,
-        )
-        target = destination / name
-        target.mkdir()
-        write_config(config, target / "config.pbtxt")
-        for version_dir in sorted(
-            p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()
-        ):
-            out_version = target / version_dir.name
-            out_version.mkdir()
-            for item in version_dir.iterdir():
-                if item.name == ".gitkeep":
-                    continue
-                if item.suffix == ".py":
-                    shutil.copy2(item, out_version / item.name)
-                else:
-                    (out_version / item.name).symlink_to(item.resolve())
-            if profile in STAND_IN_PROFILES and name in ("bert", "forest"):
-                shutil.copy2(CPU_STAND_INS / f"{name}.py", out_version / "model.py")
+    render_models(destination, profile, source, instances, torch_threads, overrides, additive)
     return destination
 
 
@@ -196,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m build_models.profiles", description=__doc__)
     p.add_argument("--profile", choices=PROFILES, required=True)
     p.add_argument("--out", type=Path, required=True, help="directory to (re)create")
+    p.add_argument(
+        "--add",
+        action="store_true",
+        help="only add the models missing from --out, never touch existing ones (safe while "
+        "Triton serves --out); default: replace --out",
+    )
     p.add_argument("--source", type=Path, default=DEFAULT_REPOSITORY)
     p.add_argument(
         "--instances",
@@ -211,8 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         if model not in COMPOSING_MODELS or not count.isdigit() or int(count) < 1:
             p.error(f"--instances expects MODEL=N with MODEL in {COMPOSING_MODELS}, got {item!r}")
         instances[model] = int(count)
-    render_repository(args.out, args.profile, args.source, instances)
-    print(args.out)
+    try:
+        written = render_models(args.out, args.profile, args.source, instances, additive=args.add)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: {', '.join(written) if written else 'nothing new'}")
     return 0
 
 

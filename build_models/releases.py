@@ -80,8 +80,17 @@ def check_pytorch(tag: str, installed: str) -> TritonRelease:
 
 
 def check_manifest(path: Path) -> TritonRelease:
-    """Refuse artifacts whose ``build-manifest.json`` says they were built by a PyTorch or a
-    Treelite that the manifest's Triton release cannot load (e.g. a CPU development build)."""
+    """Refuse artifacts whose manifest says they were built by a PyTorch or a Treelite that the
+    manifest's Triton release cannot load (e.g. a CPU development build).
+
+    ``path`` is a pipeline version's ``manifest.json``, or a model repository: then its highest
+    pipeline version's manifest is checked.
+    """
+    if path.is_dir():
+        from build_models.versions import latest_version, manifest_path
+
+        latest = latest_version(path)
+        path = manifest_path(path, latest if latest is not None else 1)
     if not path.is_file():
         raise ReleaseMismatchError(
             f"{path} is missing: build the models first (python -m build_models, or the compose "
@@ -111,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m build_models.releases", description=__doc__)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--check-installed", metavar="TAG", choices=sorted(RELEASES))
-    what.add_argument("--check-manifest", metavar="PATH", type=Path)
+    what.add_argument(
+        "--check-manifest",
+        metavar="PATH",
+        type=Path,
+        help="a pipelines/<N>/manifest.json, or a model repository (its highest version)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.check_manifest is not None:

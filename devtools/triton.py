@@ -27,7 +27,7 @@ from types import TracebackType
 from devtools.ports import free_ports
 from devtools.process import ManagedServer, ServerStartError, answers_ok, log_tail
 
-DEFAULT_MODELS = ("text_regression", "text_embedding")
+DEFAULT_MODELS = ("text_regression_v1", "text_embedding_v1")
 # Several stub processes share few cores: OpenMP threads that spin while idle (libgomp's default)
 # take cores from the other stages. Measured on 2 cores with single-threaded encoders it is a small
 # gain (121 -> 129 texts/s at 16 clients, docs/benchmarks.md); it matters more for multi-threaded pools.

@@ -43,6 +43,7 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
 
     try:
         from build_models.profiles import render_repository
+        from build_models.versions import ensemble_names, list_versions
         from devtools.supervisor import TritonSupervisor
         from devtools.triton import EmbeddedTriton
     except ImportError as exc:  # the gateway image ships the runtime package alone
@@ -54,7 +55,8 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
     from gateway.auth import new_key
     from gateway.logs import configure_logging
 
-    if not (repository / "build-manifest.json").is_file():
+    versions = list_versions(repository)
+    if not versions:
         print(
             f"no built models in {repository}: run `make run` or `python -m build_models`",
             file=sys.stderr,
@@ -62,7 +64,10 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
         return 2
     configure_logging(settings.log_level)
     cpu_repository = render_repository(workdir / "cpu-model-repository", "cpu", repository)
-    server = EmbeddedTriton(cpu_repository, workdir / "triton")
+    # Every built pipeline version is rendered under its own names (text_regression_vN, ...);
+    # load all of their ensembles, so any version can be asked for without a reload.
+    ensembles = [name for version in versions for name in ensemble_names(version)]
+    server = EmbeddedTriton(cpu_repository, workdir / "triton", models=ensembles)
     print(f"starting Triton (CPU profile) from {cpu_repository} ...", file=sys.stderr)
     server.start()
     supervisor = TritonSupervisor(server).start()

@@ -11,7 +11,7 @@ REPO=$(realpath "${1:-model_repository}")
 OUT=$(realpath -m "${2:-load/results/gpu-$(date +%Y%m%d-%H%M%S)}")
 # Artifacts built by another PyTorch than the release's libtorch (e.g. `make run`'s CPU build)
 # may not load in Triton's PyTorch backend: refuse them before pulling any image.
-python -m build_models.releases --check-manifest "$REPO/build-manifest.json"
+python -m build_models.releases --check-manifest "$REPO"
 # Versions come from the one place the compose stack reads them from.
 # shellcheck source=deploy/versions.env
 set -a; . deploy/versions.env; set +a
@@ -34,7 +34,7 @@ trap cleanup EXIT INT TERM
 docker run -d --rm --name "$NAME" --gpus all --shm-size 1g --network host \
   -v "$OUT/repository:$OUT/repository:ro" -v "$REPO:$REPO:ro" "$SERVER_IMAGE" \
   tritonserver --model-repository="$OUT/repository" --model-control-mode=explicit \
-  --load-model=text_regression --http-address=127.0.0.1 --grpc-address=127.0.0.1 \
+  --load-model=text_regression_v1 --http-address=127.0.0.1 --grpc-address=127.0.0.1 \
   --metrics-address=127.0.0.1 >/dev/null
 for _ in $(seq 180); do
   curl -fs http://127.0.0.1:8000/v2/health/ready >/dev/null && break
@@ -44,7 +44,7 @@ done
 curl -fs http://127.0.0.1:8000/v2/health/ready >/dev/null || { docker logs "$NAME" | tail -40; exit 1; }
 # Batch 512 per request, 1..4 requests in flight: latency (p50/p99) and samples/s per level.
 timeout 540 docker run --rm --network host -v "$OUT:$OUT" "$SDK_IMAGE" \
-  perf_analyzer -m text_regression -i grpc -u 127.0.0.1:8001 -b "$BATCH" \
+  perf_analyzer -m text_regression_v1 -i grpc -u 127.0.0.1:8001 -b "$BATCH" \
   --input-data "$OUT/texts.json" --concurrency-range 1:4 --measurement-interval 10000 \
   --percentile 99 -f "$OUT/perf_analyzer.csv" | tee "$OUT/perf_analyzer.txt"
 docker exec "$NAME" nvidia-smi --query-gpu=name,memory.used --format=csv >"$OUT/gpu.txt" || true

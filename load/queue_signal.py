@@ -6,7 +6,7 @@ The Helm chart scales on this signal (docs/kubernetes.md):
                          / Δ sum(nv_inference_request_success{model in the ensembles})
 
 This serves the CPU profile in an embedded Triton (the server of ``make run``), drives
-``text_regression`` over gRPC with the realistic text mix at each Poisson rate and then closed
+``text_regression_v1`` over gRPC with the realistic text mix at each Poisson rate and then closed
 loop, reads Triton's metrics just before and just after each measured window, and prints one
 table row per phase: the rate served, p50/p99, and the signal. It is the measurement the
 autoscaling target of the chart was chosen from.
@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from build_models.pipeline import DEFAULT_REPOSITORY
-from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, render_repository
+from build_models.profiles import COMPOSING_MODELS, ENSEMBLES, render_repository, served_names
 from devtools.triton import EmbeddedTriton
 from load.runner import run_closed_loop, run_open_loop
 from load.stats import PhaseResult
@@ -31,6 +31,8 @@ from load.targets import TritonGrpcTarget
 from load.workload import make_requests
 
 SAMPLE = re.compile(r'^(nv_inference_\w+)\{[^}]*model="([^"]+)"[^}]*\}\s+(\S+)$', re.M)
+# The rendered repository serves the built pipeline version 1: these are its Triton names.
+V1_NAMES = served_names(1, {"preprocess": 1, "bert": 1, "forest": 1})
 
 
 def counters(metrics_url: str) -> dict[tuple[str, str], float]:
@@ -48,8 +50,8 @@ def queue_us_per_request(
     def delta(metric: str, models: tuple[str, ...]) -> float:
         return sum(after.get((metric, m), 0.0) - before.get((metric, m), 0.0) for m in models)
 
-    answered = delta("nv_inference_request_success", ENSEMBLES)
-    waited = delta("nv_inference_queue_duration_us", COMPOSING_MODELS)
+    answered = delta("nv_inference_request_success", tuple(V1_NAMES[m] for m in ENSEMBLES))
+    waited = delta("nv_inference_queue_duration_us", tuple(V1_NAMES[m] for m in COMPOSING_MODELS))
     return waited / answered if answered else 0.0
 
 
@@ -105,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rates = [float(rate) for rate in args.rates.split(",") if rate]
     clients = [int(count) for count in args.concurrency.split(",") if count]
-    print("text_regression over gRPC, CPU profile, realistic mix, 1 text/request\n")
+    print("text_regression_v1 over gRPC, CPU profile, realistic mix, 1 text/request\n")
     print("| load | req/s | p50 ms | p99 ms | queue ms per request | errors | load avg |")
     print("|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory(prefix="queue-signal-") as scratch:
         repository = render_repository(Path(scratch) / "repo", "cpu", args.repository.resolve())
         with EmbeddedTriton(
-            repository, Path(scratch) / "work", models=["text_regression"]
+            repository, Path(scratch) / "work", models=["text_regression_v1"]
         ) as server:
             asyncio.run(measure(server, rates, clients, args.seconds))
     return 0

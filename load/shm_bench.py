@@ -2,7 +2,7 @@
 
 ``python -m load.shm_bench --repository model_repository [--reps 20]`` renders the CPU profile of
 a built repository, starts an embedded Triton, and times ``/v1/embed``-equivalent calls
-(``text_embedding``, output [n, 384] FP32) with 1, 64 and 512 texts over both transports,
+(``text_embedding_v1``, output [n, 384] FP32) with 1, 64 and 512 texts over both transports,
 interleaved so that drift hits both alike. Prints a markdown table: p50/p99 per transport and the
 payload (serialized input + output bytes) of each size.
 """
@@ -25,7 +25,7 @@ from gateway.settings import Settings, Transport
 from gateway.triton.client import TritonClient
 from gateway.triton.codecs import serialize_bytes
 
-MODEL, OUTPUT, DIM = "text_embedding", "embedding", 384
+MODEL, OUTPUT, DIM = "text_embedding_v1", "embedding", 384
 SIZES = (1, 64, 512)
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import orjson
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-REGRESSION_MODEL = "text_regression"
+# Triton serves each pipeline version under its own names; straight to Triton means version 1.
+REGRESSION_MODEL = "text_regression_v1"
 
 
 class RequestFailed(Exception):
@@ -120,7 +121,7 @@ class HttpTarget(Target):
 
 
 class TritonGrpcTarget(Target):
-    """Triton over gRPC: ``text_regression``, ``text`` BYTES [n,1] -> ``score`` FP32 [n,1]."""
+    """Triton over gRPC: ``text_regression_v1``, ``text`` BYTES [n,1] -> ``score`` FP32 [n,1]."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """``python -m load.tune_cpu``: the CPU-profile tuning experiments behind the profile's defaults.
 
 Each variant renders the CPU profile with its own encoder thread/instance counts, bert batcher
-delay and OpenMP wait policy, starts an embedded Triton, and drives ``text_regression`` over
+delay and OpenMP wait policy, starts an embedded Triton, and drives ``text_regression_v1`` over
 gRPC with the realistic text mix at one concurrency (closed loop). One variant at a time, so none
 competes with another. The table it prints is the "what each change bought" of docs/benchmarks.md.
 """
@@ -56,7 +56,7 @@ async def measure(variant: Variant, repository: Path, concurrency: int, seconds:
             instances={"bert": variant.encoder_instances},
             torch_threads=variant.torch_threads,
         )
-        bert_config = rendered / "bert" / "config.pbtxt"
+        bert_config = rendered / "bert_v1" / "config.pbtxt"
         bert_config.write_text(
             re.sub(
                 r"max_queue_delay_microseconds: \d+",
@@ -66,7 +66,7 @@ async def measure(variant: Variant, repository: Path, concurrency: int, seconds:
         )
         os.environ["OMP_WAIT_POLICY"] = variant.omp_wait_policy
         try:
-            server = EmbeddedTriton(rendered, Path(scratch) / "work", models=["text_regression"])
+            server = EmbeddedTriton(rendered, Path(scratch) / "work", models=["text_regression_v1"])
             with server:
                 target = TritonGrpcTarget(server.grpc_url, timeout_s=30)
                 await target.open()
@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=15.0)
     args = parser.parse_args(argv)
-    print(f"text_regression over gRPC, {args.concurrency} clients, realistic mix, 1 text/request\n")
+    print(
+        f"text_regression_v1 over gRPC, {args.concurrency} clients, realistic mix, 1 text/request\n"
+    )
     print("| variant | texts/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|")
     for variant in VARIANTS:
         print(

@@ -66,32 +66,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 FAST_BUILD_ARGS = ["--demo-rows", "300", "--trees", "10", "--max-depth", "8"]
 
 
+# What of model_repository/ is committed source; anything else there (later part versions'
+# copies of model.py included) was built.
+COMMITTED_FILES = ("config.pbtxt", ".gitkeep")
+COMMITTED_MODEL_PY = Path("preprocess") / "1" / "model.py"
+
+
 def copy_committed_repository(destination: Path) -> Path:
-    """Copy the committed configs and model.py files (no artifacts) of every model."""
+    """Copy the committed templates (configs, preprocess/1/model.py; no artifacts, no versions)."""
+    committed = ROOT / "model_repository"
     for name in MODELS:
-        source = ROOT / "model_repository" / name
-        for item in source.rglob("*"):
-            if item.is_file() and (item.name in ("config.pbtxt", "model.py", ".gitkeep")):
-                target = destination / name / item.relative_to(source)
+        for item in (committed / name).rglob("*"):
+            relative = item.relative_to(committed)
+            if item.is_file() and (item.name in COMMITTED_FILES or relative == COMMITTED_MODEL_PY):
+                target = destination / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(item, target)
     return destination
 
 
+def run_builder(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m build_models ARGS`` in a child process, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "build_models", *args], capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.fixture(scope="session")
 def built_repository() -> Path:
-    """A model repository with small real artifacts (rebuilt only when its inputs change)."""
-    repository = copy_committed_repository(WORK / "test-model-repository")
-    subprocess.run(
-        [sys.executable, "-m", "build_models", "--repository", str(repository), *FAST_BUILD_ARGS],
-        check=True,
-    )
-    return repository
+    """A model repository holding pipeline version 1 alone, small real artifacts (kept between
+    sessions: a later session finds version 1 up to date and builds nothing)."""
+    repository = WORK / "test-model-repository"
+    for _ in range(2):
+        copy_committed_repository(repository)
+        built = run_builder("--repository", str(repository), *FAST_BUILD_ARGS)
+        assert built.returncode == 0, built.stderr
+        if built.stdout.startswith("pipeline version 1 "):
+            return repository
+        # Version 1 there was built from other inputs (an older checkout's): the tests name
+        # version 1's models, so start that repository afresh rather than serve version 2.
+        shutil.rmtree(repository)
+    raise AssertionError(f"the builder did not make version 1 in {repository}: {built.stdout}")
 
 
 @pytest.fixture(scope="session")
 def cpu_repository(built_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The CPU profile rendered from the built repository."""
+    """The CPU profile rendered from the built repository: pipeline version 1's models."""
     return render_repository(tmp_path_factory.mktemp("cpu-profile"), "cpu", built_repository)
 
 

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from build_models.demo_data import make_reviews
-from tests.conftest import FAST_BUILD_ARGS, copy_committed_repository
-
-
-def run_builder(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "build_models", *args], capture_output=True, text=True, timeout=300
-    )
+from build_models.versions import list_versions, read_manifest
+from tests.conftest import FAST_BUILD_ARGS, copy_committed_repository, run_builder
 
 
 def test_help_describes_the_options() -> None:
     result = run_builder("--help")
     assert result.returncode == 0
-    for option in ("--bert", "--train-csv", "--force", "--triton-release"):
+    for option in ("--bert", "--train-csv", "--force", "--triton-release", "--version", "--list"):
         assert option in result.stdout
 
 
@@ -44,6 +37,7 @@ def test_bad_training_csv_is_refused_with_exit_code_2(
     assert result.returncode == 2
     assert message in result.stderr
     assert not (repository / "bert" / "1" / "model.pt").exists()
+    assert list_versions(repository) == []
 
 
 def test_missing_csv_and_unknown_model_are_refused(tmp_path: Path) -> None:
@@ -60,8 +54,30 @@ def test_missing_csv_and_unknown_model_are_refused(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "cannot load a BERT encoder" in unknown.stderr
 
 
-def test_build_writes_manifest_and_is_idempotent(built_repository: Path) -> None:
-    manifest = json.loads((built_repository / "build-manifest.json").read_text())
+def tree_digests(repository: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``repository`` (links followed), by relative path."""
+    return {
+        str(path.relative_to(repository)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(repository.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_build_writes_version_1_and_building_again_builds_nothing(
+    built_repository: Path,
+) -> None:
+    assert list_versions(built_repository) == [1]
+    manifest = read_manifest(built_repository, 1)
+    assert manifest["schema"] == 2 and manifest["pipeline_version"] == 1
+    assert {part: record["version"] for part, record in manifest["parts"].items()} == {
+        "preprocess": 1,
+        "bert": 1,
+        "forest": 1,
+    }
+    # preprocess and bert come from one encoder: one fingerprint; the forest's is its own.
+    parts = manifest["parts"]
+    assert parts["preprocess"]["fingerprint"] == parts["bert"]["fingerprint"]
+    assert parts["forest"]["fingerprint"] != parts["bert"]["fingerprint"]
     assert manifest["embedding_dimension"] == 384
     assert manifest["max_sequence_length"] == 256
     assert manifest["versions"]["treelite"] == "4.3.0"
@@ -73,11 +89,37 @@ def test_build_writes_manifest_and_is_idempotent(built_repository: Path) -> None
         "forest/1/checkpoint.tl",
     }
     assert -1.0 <= manifest["forest"]["r2"] <= 1.0 and manifest["forest"]["mae"] >= 0
-    before = (built_repository / "bert" / "1" / "model.pt").stat().st_mtime_ns
+    before = tree_digests(built_repository)
+    mtime = (built_repository / "bert" / "1" / "model.pt").stat().st_mtime_ns
     again = run_builder("--repository", str(built_repository), *FAST_BUILD_ARGS)
     assert again.returncode == 0, again.stderr
-    assert "up to date" in again.stderr
-    assert (built_repository / "bert" / "1" / "model.pt").stat().st_mtime_ns == before
+    assert again.stdout.startswith("pipeline version 1 up to date, nothing built")
+    assert list_versions(built_repository) == [1]
+    assert tree_digests(built_repository) == before
+    assert (built_repository / "bert" / "1" / "model.pt").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("extra", [[], ["--force"]])
+def test_an_existing_version_is_never_overwritten(built_repository: Path, extra: list[str]) -> None:
+    before = tree_digests(built_repository)
+    # Other inputs (more trees), and even --force: version 1 stays what it is.
+    refused = run_builder(
+        "--repository",
+        str(built_repository),
+        *FAST_BUILD_ARGS,
+        "--trees",
+        "11",
+        "--version",
+        "1",
+        *extra,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: pipeline version 1 already exists in {built_repository}; a version is never "
+        "overwritten (omit --version to build the next one)"
+    ]
+    assert tree_digests(built_repository) == before
+    assert list_versions(built_repository) == [1]
 
 
 def test_demo_data_is_deterministic_and_long_tailed() -> None:

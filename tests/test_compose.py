@@ -156,15 +156,20 @@ def test_builder_renders_a_known_profile_and_runs_before_triton() -> None:
     triton_volume = next(v for v in triton["volumes"] if v.startswith("models:"))
     assert builder_volume.split(":")[1] == triton_volume.split(":")[1] == "/models"
     assert triton_volume.endswith(":ro")
+    # Re-runnable while Triton serves: new versions are added, served models never replaced.
+    render = re.search(r"^python -m build_models\.profiles .*$", script.replace("\\\n", ""), re.M)
+    assert render and "--add" in render.group(0).split(), "build.sh renders additively"
 
 
 def test_triton_loads_exactly_the_repository_ensembles_explicitly() -> None:
     triton = stack()["services"]["triton"]
     flags = command_flags(triton["command"])
     assert flags["--model-control-mode"] == ["explicit"]
-    assert sorted(flags["--load-model"]) == sorted(ENSEMBLES)
+    # Pipeline version 1's ensembles, under their served names, of the committed templates.
+    assert sorted(flags["--load-model"]) == sorted(f"{name}_v1" for name in ENSEMBLES)
     for model in flags["--load-model"]:
-        assert (ROOT / "model_repository" / model / "config.pbtxt").is_file()
+        template = model.removesuffix("_v1")
+        assert (ROOT / "model_repository" / template / "config.pbtxt").is_file()
 
 
 def test_triton_has_a_gpu_and_a_readiness_healthcheck() -> None:

@@ -21,19 +21,19 @@ def busy_request(url: str) -> None:
     with grpcclient.InferenceServerClient(url) as client:
         tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=np.object_))
-        client.infer("text_regression", [tensor], client_timeout=300)
+        client.infer("text_regression_v1", [tensor], client_timeout=300)
 
 
 def test_requests_whose_deadline_passed_never_reach_the_encoder(
     triton: EmbeddedTriton, gateway: RunningGateway
 ) -> None:
-    before = {m: model_statistics(triton, m) for m in ("preprocess", "bert")}
+    before = {m: model_statistics(triton, f"{m}_v1") for m in ("preprocess", "bert")}
     with ThreadPoolExecutor(BUSY_REQUESTS) as pool:
         busy = [pool.submit(busy_request, triton.grpc_url) for _ in range(BUSY_REQUESTS)]
         # Every busy request is past preprocess, so the encoder's queue holds seconds of work.
         wait_for(
             lambda: (
-                model_statistics(triton, "preprocess")["inference_count"]
+                model_statistics(triton, "preprocess_v1")["inference_count"]
                 - before["preprocess"]["inference_count"]
                 >= BUSY_REQUESTS * BUSY_TEXTS
             ),
@@ -46,7 +46,7 @@ def test_requests_whose_deadline_passed_never_reach_the_encoder(
             future.result()
     # The callers gave up (503 from Triton's queue policy, or 504 at the gateway's deadline)...
     assert {answer.status_code for answer in answers} <= {503, 504}, [a.text for a in answers]
-    after = {m: model_statistics(triton, m) for m in ("preprocess", "bert")}
+    after = {m: model_statistics(triton, f"{m}_v1") for m in ("preprocess", "bert")}
     # ...and the encoder executed the busy texts alone: the abandoned requests never reached it.
     assert (
         after["bert"]["inference_count"] - before["bert"]["inference_count"]

@@ -37,7 +37,7 @@ def test_port_in_use_is_reported(cpu_repository: Path, tmp_path: Path) -> None:
         server = EmbeddedTriton(
             cpu_repository,
             tmp_path,
-            models=["text_embedding"],
+            models=["text_embedding_v1"],
             ports=Ports(http, grpc_port, metrics),
         )
         with pytest.raises(PortInUseError, match="in use"):
@@ -48,9 +48,9 @@ def test_port_in_use_is_reported(cpu_repository: Path, tmp_path: Path) -> None:
 def test_model_that_fails_to_load_is_named(cpu_repository: Path, tmp_path: Path) -> None:
     broken = tmp_path / "repo"
     shutil.copytree(cpu_repository, broken, symlinks=True)
-    forest_py = broken / "forest" / "1" / "model.py"
+    forest_py = broken / "forest_v1" / "1" / "model.py"
     forest_py.write_text(forest_py.read_text() + "\nimport a_module_that_does_not_exist\n")
-    server = EmbeddedTriton(broken, tmp_path / "work", models=["text_regression"])
+    server = EmbeddedTriton(broken, tmp_path / "work", models=["text_regression_v1"])
     with pytest.raises(ModelLoadError) as failure:
         server.start()
     assert "a_module_that_does_not_exist" in str(failure.value)
@@ -107,7 +107,7 @@ def test_server_dies_with_its_parent(cpu_repository: Path, tmp_path: Path) -> No
                 from devtools.triton import EmbeddedTriton
                 server = EmbeddedTriton(pathlib.Path({str(cpu_repository)!r}),
                                         pathlib.Path({str(tmp_path / "work")!r}),
-                                        models=["text_embedding"]).start()
+                                        models=["text_embedding_v1"]).start()
                 pathlib.Path({str(pid_file)!r}).write_text(str(server.process.pid))
                 time.sleep(600)
                 """

@@ -337,7 +337,7 @@ def test_triton_runs_the_compose_stacks_server_flags(value_set: str) -> None:
         if flag not in pod_only:
             assert chart_flags.get(flag) == value, flag
     assert set(chart_flags) - set(compose_flags) <= pod_only
-    assert sorted(chart_flags["--load-model"]) == sorted(ENSEMBLES)
+    assert sorted(chart_flags["--load-model"]) == sorted(f"{name}_v1" for name in ENSEMBLES)
 
 
 @pytest.mark.parametrize("value_set", SETS)
@@ -535,11 +535,12 @@ def adapter_rule() -> dict[str, Any]:
 
 
 def model_matchers(expression: str) -> dict[str, set[str]]:
-    """Metric name -> the models its ``model=~"a|b"`` matcher selects."""
+    """Metric name -> the template models its ``model=~"(a|b)_v[0-9]+"`` matcher selects (every
+    pipeline version of each)."""
     matchers: dict[str, set[str]] = {}
     # Label values are quoted and may hold braces themselves (a pod regex's "{5}").
     for name, labels in re.findall(r'(\w+)\{((?:[^}"]|"(?:[^"\\]|\\.)*")*)\}', expression):
-        found = re.search(r'\bmodel=~"([^"]+)"', labels)
+        found = re.search(r'\bmodel=~"\(([^")]+)\)_v\[0-9\]\+"', labels)
         if found:
             matchers[name] = set(found.group(1).split("|"))
     return matchers
@@ -620,11 +621,11 @@ def test_the_measurement_behind_the_target_computes_the_charts_signal() -> None:
     # its formula must be the one the chart scales on.
     exposition = "\n".join(
         [
-            'nv_inference_queue_duration_us{model="preprocess",version="1"} 1000',
-            'nv_inference_queue_duration_us{model="bert",version="1"} 5000',
-            'nv_inference_queue_duration_us{model="text_regression",version="1"} 99999',
-            'nv_inference_request_success{model="text_regression",version="1"} 10',
-            'nv_inference_request_success{model="bert",version="1"} 10',
+            'nv_inference_queue_duration_us{model="preprocess_v1",version="1"} 1000',
+            'nv_inference_queue_duration_us{model="bert_v1",version="1"} 5000',
+            'nv_inference_queue_duration_us{model="text_regression_v1",version="1"} 99999',
+            'nv_inference_request_success{model="text_regression_v1",version="1"} 10',
+            'nv_inference_request_success{model="bert_v1",version="1"} 10',
         ]
     )
     before = {(name, model): 0.0 for name, model, _ in SAMPLE.findall(exposition)}

@@ -38,7 +38,8 @@ def test_check_installed_exits_2_with_the_reason(capsys: pytest.CaptureFixture[s
 
 
 def manifest_with(tmp_path: Path, torch: str, treelite: str = "4.3.0") -> Path:
-    path = tmp_path / "build-manifest.json"
+    path = tmp_path / "pipelines" / "1" / "manifest.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps({"triton_release": "24.10", "versions": {"torch": torch, "treelite": treelite}})
     )
@@ -52,6 +53,8 @@ def test_artifacts_of_the_release_pytorch_are_accepted(
     assert check_manifest(path).ngc_tag == "24.10"
     assert main(["--check-manifest", str(path)]) == 0
     assert "which Triton 24.10 loads" in capsys.readouterr().out
+    # A repository: its highest pipeline version's manifest is the one checked.
+    assert main(["--check-manifest", str(tmp_path)]) == 0
 
 
 def test_artifacts_of_another_pytorch_are_refused(
@@ -67,4 +70,6 @@ def test_artifacts_of_another_pytorch_are_refused(
 
 def test_a_missing_manifest_says_to_build_first(tmp_path: Path) -> None:
     with pytest.raises(ReleaseMismatchError, match="build the models first"):
-        check_manifest(tmp_path / "build-manifest.json")
+        check_manifest(tmp_path / "pipelines" / "1" / "manifest.json")
+    with pytest.raises(ReleaseMismatchError, match="build the models first"):
+        check_manifest(tmp_path)

@@ -44,7 +44,7 @@ def reference(built_repository: Path) -> ReferencePipeline:
 
 def test_regression_matches_reference(triton: EmbeddedTriton, reference: ReferencePipeline) -> None:
     client = grpcclient.InferenceServerClient(triton.grpc_url)
-    scores = infer(client, "text_regression", MIXED_TEXTS, "score")
+    scores = infer(client, "text_regression_v1", MIXED_TEXTS, "score")
     assert scores.shape == (len(MIXED_TEXTS), 1) and scores.dtype == np.float32
     expected = reference.score(MIXED_TEXTS)
     np.testing.assert_allclose(scores.reshape(-1), expected, atol=1e-4, rtol=0)
@@ -54,7 +54,7 @@ def test_regression_matches_reference(triton: EmbeddedTriton, reference: Referen
 
 def test_embedding_matches_reference(triton: EmbeddedTriton, reference: ReferencePipeline) -> None:
     client = grpcclient.InferenceServerClient(triton.grpc_url)
-    embeddings = infer(client, "text_embedding", MIXED_TEXTS, "embedding")
+    embeddings = infer(client, "text_embedding_v1", MIXED_TEXTS, "embedding")
     assert embeddings.shape == (len(MIXED_TEXTS), 384)
     np.testing.assert_allclose(embeddings, reference.embed(MIXED_TEXTS), atol=1e-4, rtol=0)
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
@@ -70,16 +70,16 @@ def test_padding_is_per_request_and_a_multiple_of_16(reference: ReferencePipelin
 
 
 def test_dynamic_batching_forms_batches_under_concurrency(triton: EmbeddedTriton) -> None:
-    before = {m: model_statistics(triton, m) for m in ("preprocess", "bert", "forest")}
+    before = {m: model_statistics(triton, f"{m}_v1") for m in ("preprocess", "bert", "forest")}
     texts = ["The same short review text."]  # one shape: every request may join a batch
 
     def one_request(_: int) -> None:
         client = grpcclient.InferenceServerClient(triton.grpc_url)
-        infer(client, "text_regression", texts, "score")
+        infer(client, "text_regression_v1", texts, "score")
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(one_request, range(96)))
-    after = {m: model_statistics(triton, m) for m in ("preprocess", "bert", "forest")}
+    after = {m: model_statistics(triton, f"{m}_v1") for m in ("preprocess", "bert", "forest")}
     for model in ("bert", "forest"):
         inferences = after[model]["inference_count"] - before[model]["inference_count"]
         executions = after[model]["execution_count"] - before[model]["execution_count"]
@@ -90,7 +90,7 @@ def test_dynamic_batching_forms_batches_under_concurrency(triton: EmbeddedTriton
 def test_every_composing_model_warmed_up_before_ready(triton: EmbeddedTriton) -> None:
     log = triton.log_path.read_text()
     # Triton runs model_warmup while loading; a failed warm-up fails the load (and --exit-on-error).
-    for model in ("preprocess", "bert", "forest"):
+    for model in ("preprocess_v1", "bert_v1", "forest_v1"):
         assert f"successfully loaded '{model}'" in log
     assert triton.ready_after is not None
 
@@ -105,7 +105,7 @@ def test_dlpack_tensor_path_of_preprocess_runs_in_triton(
         built_repository,
         overrides={"preprocess": {"tensor_library": "torch_dlpack"}},
     )
-    with EmbeddedTriton(repository, tmp_path / "work", models=["text_regression"]) as server:
+    with EmbeddedTriton(repository, tmp_path / "work", models=["text_regression_v1"]) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        scores = infer(client, "text_regression", MIXED_TEXTS, "score")
+        scores = infer(client, "text_regression_v1", MIXED_TEXTS, "score")
     np.testing.assert_allclose(scores.reshape(-1), reference.score(MIXED_TEXTS), atol=1e-4, rtol=0)

@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
+# The GPU check builds one pipeline version into a fresh repository: every part is version 1.
+V1_PARTS = {"preprocess": 1, "bert": 1, "forest": 1}
 REFERENCE = {
     "source": "reference pipeline of the same shape (BERT-large + cuML forest), README.md",
     "a100_batch512_latency_ms": 31,
@@ -285,15 +287,18 @@ def stub_probe(stub_site: Path) -> dict[str, Any]:
 
 def dry_checks() -> dict[str, Any]:
     """What a CPU can check of the GPU path: the embedded-gpu profile renders, the bundle fits."""
-    from build_models.profiles import read_config, render_repository
+    from build_models.profiles import read_config, render_version
     from load.gpu import bundle
 
     checks: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        rendered = render_repository(Path(tmp) / "repo", "embedded-gpu")
+        # The committed configs alone (nothing is built yet), as pipeline version 1.
+        rendered = Path(tmp) / "repo"
+        render_version(rendered, 1, V1_PARTS, "embedded-gpu")
         checks["embedded_gpu_profile"] = {
             name: [
-                int(g.kind) for g in read_config(rendered / name / "config.pbtxt").instance_group
+                int(g.kind)
+                for g in read_config(rendered / f"{name}_v1" / "config.pbtxt").instance_group
             ]
             for name in ("preprocess", "bert", "forest")
         }
@@ -349,7 +354,7 @@ def triton_outputs(url: str, texts: Sequence[str]) -> tuple[Any, Any]:
     array[:, 0] = [text.encode() for text in texts]
     results = []
     with grpcsync.InferenceServerClient(url) as client:
-        for model, output in (("text_embedding", "embedding"), ("text_regression", "score")):
+        for model, output in (("text_embedding_v1", "embedding"), ("text_regression_v1", "score")):
             tensor = grpcsync.InferInput("text", [len(texts), 1], "BYTES")
             tensor.set_data_from_numpy(array)
             answer = client.infer(model, [tensor], client_timeout=120)
@@ -435,7 +440,10 @@ async def _transports(url: str, plan: Plan, cuda: bool) -> dict[str, Any]:
             await client.connect()
             if client.shm is not None and client.shm.pool is not None:
                 slots.extend(client.shm.pool.live)
-        for model_name, output in (("text_embedding", "embedding"), ("text_regression", "score")):
+        for model_name, output in (
+            ("text_embedding_v1", "embedding"),
+            ("text_regression_v1", "score"),
+        ):
             model = await clients["grpc"].model_info(model_name, 30)
             for n in plan.transport_sizes:
                 batch = texts_for(n)
@@ -448,7 +456,7 @@ async def _transports(url: str, plan: Plan, cuda: bool) -> dict[str, Any]:
                         raise RuntimeError(f"{name} client sent over {outcome.transport}")
                     if not np.allclose(outcome.array, outcomes["grpc"].array, atol=1e-5):
                         equal = False
-                if model_name != "text_embedding":
+                if model_name != "text_embedding_v1":
                     continue
                 times: dict[str, list[float]] = {name: [] for name in clients}
                 for _ in range(
@@ -611,13 +619,13 @@ def batch512_phase(
     rows = []
     for name, batches in text_sets(plan.batch, 6).items():
         for concurrency in concurrencies:
-            before = model_stats(server.http_url, "bert")
+            before = model_stats(server.http_url, "bert_v1")
             row = closed_loop(server.grpc_url, batches, concurrency, plan.seconds)
             row["texts"] = name
             row["padded_lengths"] = padded_lengths(
                 repository, batches, pad_to_multiple_of(repository)
             )
-            row["bert"] = stats_delta(before, model_stats(server.http_url, "bert"))
+            row["bert"] = stats_delta(before, model_stats(server.http_url, "bert_v1"))
             rows.append(row)
     return {"reference": REFERENCE, "results": rows}
 
@@ -668,13 +676,13 @@ def set_pad_multiple(server: Any, multiple: int) -> None:
     import tritonclient.grpc as grpcsync
 
     with grpcsync.InferenceServerClient(server.grpc_url) as client:
-        config = client.get_model_config("preprocess", as_json=True)["config"]
+        config = client.get_model_config("preprocess_v1", as_json=True)["config"]
         config["parameters"]["pad_to_multiple_of"] = {"string_value": str(multiple)}
-        client.load_model("preprocess", config=json.dumps(config))
+        client.load_model("preprocess_v1", config=json.dumps(config))
         deadline = time.monotonic() + 120
-        while not client.is_model_ready("text_regression"):
+        while not client.is_model_ready("text_regression_v1"):
             if time.monotonic() > deadline:
-                raise TimeoutError("text_regression not ready after reloading preprocess")
+                raise TimeoutError("text_regression_v1 not ready after reloading preprocess_v1")
             time.sleep(0.2)
 
 
@@ -697,7 +705,9 @@ def realistic_phase(
         set_pad_multiple(server, multiple)
         groups = padded_lengths(repository, [[text] for text in texts[:5000]], multiple)
         for count in clients:
-            before = {m: model_stats(server.http_url, m) for m in ("preprocess", "bert", "forest")}
+            before = {
+                m: model_stats(server.http_url, f"{m}_v1") for m in ("preprocess", "bert", "forest")
+            }
             row = many_clients(server.grpc_url, texts, count, plan.seconds, plan.client_processes)
             row["pad_to_multiple_of"] = multiple
             row["shape_groups"] = {
@@ -705,7 +715,7 @@ def realistic_phase(
                 "share_of_requests": {k: round(v / 5000, 3) for k, v in groups.items()},
             }
             row["models"] = {
-                m: stats_delta(before[m], model_stats(server.http_url, m)) for m in before
+                m: stats_delta(before[m], model_stats(server.http_url, f"{m}_v1")) for m in before
             }
             rows.append(row)
     set_pad_multiple(server, shipped)

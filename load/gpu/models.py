@@ -9,7 +9,6 @@ hence real timings; scores carry no meaning.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from build_models.profiles import MODELS
+from build_models.versions import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TOKENIZER_FILES = (
@@ -93,5 +93,6 @@ def build_repository(shape: Shape, minilm: Path, work: Path) -> dict[str, Any]:
     subprocess.run(command, check=True, cwd=ROOT)
     # The Hugging Face copy (1.3 GB for BERT-large) is not needed once exported.
     shutil.rmtree(source, ignore_errors=True)
-    manifest: dict[str, Any] = json.loads((repository / "build-manifest.json").read_text())
+    # --force on a fresh copy: version 1, the only one.
+    manifest: dict[str, Any] = read_manifest(repository, 1)
     return {**manifest, "repository": str(repository)}

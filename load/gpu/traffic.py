@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-MODEL = "text_regression"
+MODEL = "text_regression_v1"
 
 
 def _request(texts: Sequence[str]) -> Any:

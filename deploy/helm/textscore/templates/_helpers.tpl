@@ -123,7 +123,8 @@ app.kubernetes.io/part-of: textscore
 {{- $window := .Values.autoscaling.rateWindow }}
 {{- $steps := join "|" .Values.modelRepository.composingModels }}
 {{- $ensembles := join "|" .Values.modelRepository.ensembles }}
-{{- printf "sum(rate(nv_inference_queue_duration_us{%s, model=~\"%s\"}[%s])) / clamp_min(sum(rate(nv_inference_request_success{%s, model=~\"%s\"}[%s])), 0.001)" $selector $steps $window $selector $ensembles $window }}
+{{- /* Every pipeline version N serves its models as <name>_vN: match them all. */}}
+{{- printf "sum(rate(nv_inference_queue_duration_us{%s, model=~\"(%s)_v[0-9]+\"}[%s])) / clamp_min(sum(rate(nv_inference_request_success{%s, model=~\"(%s)_v[0-9]+\"}[%s])), 0.001)" $selector $steps $window $selector $ensembles $window }}
 {{- end }}
 
 {{/* Refusals: settings that would render a pod that cannot work. */}}
