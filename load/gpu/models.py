@@ -50,11 +50,17 @@ FOREST_ARGS = ("--trees", "50", "--max-depth", "16")
 
 
 def copy_committed_configs(destination: Path) -> Path:
-    """The committed configs and model.py files of every model, without artifacts."""
+    """The committed templates of every model (configs, preprocess/1/model.py), no artifacts.
+
+    A local build's later part versions (preprocess/2/model.py, ...) are artifacts: left behind.
+    """
     for name in MODELS:
         source = ROOT / "model_repository" / name
         for item in source.rglob("*"):
-            if item.is_file() and item.name in ("config.pbtxt", "model.py", ".gitkeep"):
+            committed = item.name in ("config.pbtxt", ".gitkeep") or item.relative_to(
+                source
+            ) == Path("1", "model.py")
+            if item.is_file() and committed:
                 target = destination / name / item.relative_to(source)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(item, target)
