@@ -64,7 +64,10 @@ async def test_models_route_lists_the_repository_and_the_routes(gateway: UnitGat
     assert response.status_code == 200
     body = response.json()
     assert body["routes"] == {"/v1/predict": "text_regression", "/v1/embed": "text_embedding"}
-    assert {model["name"] for model in body["models"]} >= {"text_regression_v1", "text_embedding_v1"}
+    assert {model["name"] for model in body["models"]} >= {
+        "text_regression_v1",
+        "text_embedding_v1",
+    }
 
 
 def test_error_docs_come_from_the_error_classes() -> None:
