@@ -1,4 +1,4 @@
-"""``python -m gateway``: serve, dev (embedded Triton + gateway), openapi, new-key."""
+"""``python -m gateway``: serve, dev (embedded Triton + gateway), openapi, new-key, models."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from gateway import admin_cli
 from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     key_parser.add_argument(
         "--scopes", default="infer", help="'+'-separated scopes (default: infer)"
     )
+    admin_cli.add_parser(commands)
     args = parser.parse_args(argv)
+
+    if args.command == "models":
+        # A client of a running gateway: it needs none of this process's GATEWAY_* settings.
+        return admin_cli.run(args)
 
     if args.command == "new-key":
         from gateway.auth import new_key

@@ -37,6 +37,13 @@ GATEWAY_METRICS = {
     "gateway_admission_wait_seconds": "histogram",
     "gateway_admission_decisions_total": "counter",
     "gateway_rate_limited_total": "counter",
+    "gateway_version_requests_total": "counter",
+    "gateway_version_request_duration_seconds": "histogram",
+    "gateway_canary_rollbacks_total": "counter",
+    "gateway_traffic_policy_revision": "gauge",
+    "gateway_traffic_share_percent": "gauge",
+    "gateway_shadow_requests_total": "counter",
+    "gateway_shadow_drift": "histogram",
 }
 # What tritonserver 2.51 (NGC 24.10, and the embedded server of the same version) exports on any
 # machine, as read from a running embedded server.
@@ -105,8 +112,13 @@ def dashboard() -> dict[str, Any]:
     return dict(json.loads(DASHBOARD_FILE.read_text()))
 
 
+def graph_panels() -> list[dict[str, Any]]:
+    """The panels that query something: a ``row`` panel only groups the ones below it."""
+    return [panel for panel in dashboard()["panels"] if panel["type"] != "row"]
+
+
 def queries() -> list[str]:
-    return [target["expr"] for panel in dashboard()["panels"] for target in panel["targets"]]
+    return [target["expr"] for panel in graph_panels() for target in panel["targets"]]
 
 
 def test_promql_metric_names_finds_selectors_only() -> None:
@@ -147,13 +159,33 @@ def test_dashboard_covers_what_operators_need() -> None:
     assert any('status=~"5.."' in e for e in expressions), "an error-rate panel"
 
 
+def test_dashboard_has_a_rollout_row_per_pipeline_version() -> None:
+    panels = dashboard()["panels"]
+    rows = [panel for panel in panels if panel["type"] == "row"]
+    assert [row["title"] for row in rows] == ["Rollout"]
+    below = [panel for panel in panels if panel["gridPos"]["y"] > rows[0]["gridPos"]["y"]]
+    joined = "\n".join(target["expr"] for panel in below for target in panel["targets"])
+    for needed in [
+        "sum by (version, role) (rate(gateway_version_requests_total",
+        'gateway_version_requests_total{outcome="error"}',
+        "histogram_quantile(0.99, sum by (le, version) "
+        "(rate(gateway_version_request_duration_seconds_bucket",
+        "gateway_traffic_share_percent",
+        "increase(gateway_canary_rollbacks_total[5m])",
+        "histogram_quantile(0.5, sum by (le, model) (rate(gateway_shadow_drift_bucket",
+        "histogram_quantile(0.99, sum by (le, model) (rate(gateway_shadow_drift_bucket",
+        "gateway_shadow_requests_total",
+    ]:
+        assert needed in joined, f"the Rollout row lacks {needed}"
+
+
 def test_dashboard_is_valid_grafana_json_on_the_provisioned_data_source() -> None:
     board = dashboard()
     source = load_yaml(GRAFANA_PROVISIONING / "datasources" / "prometheus.yml")["datasources"][0]
     assert board["uid"] and board["title"]
     ids = [panel["id"] for panel in board["panels"]]
     assert len(ids) == len(set(ids)), "panel ids are unique"
-    for panel in board["panels"]:
+    for panel in graph_panels():
         assert panel["datasource"] == {"type": source["type"], "uid": source["uid"]}
         assert panel["targets"], panel["title"]
         ref_ids = [target["refId"] for target in panel["targets"]]
