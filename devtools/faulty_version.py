@@ -2,9 +2,10 @@
 
 :func:`add_faulty_version` adds pipeline version N to a *served* (rendered, CPU-profile)
 repository: version ``base``'s preprocess and encoder, and a forest that wraps ``base``'s forest
-stand-in with a fault: ``error`` (every request after the first ``healthy_requests`` fails, so the
-version passes its warm-up and then goes bad) or ``slow`` (every execution sleeps ``delay_s``
-first). Nothing is built or trained: the version exists only in the served repository.
+stand-in with a fault: ``error`` (every request fails) or ``slow`` (every execution sleeps
+``delay_s`` first). The fault is off until the file :func:`add_faulty_version` returns exists, so
+the version loads and warms up like a good one and goes bad when the drill says. Nothing is built
+or trained: the version exists only in the served repository.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from build_models.versions import part_versions, read_manifest
-
 from build_models.profiles import read_config, write_config, write_pipeline_ensembles
+from build_models.versions import part_versions, read_manifest
 
 FAULTY_FOREST = '''"""A forest stand-in with an injected fault (devtools/faulty_version.py)."""
 
@@ -38,15 +38,15 @@ class TritonPythonModel(_healthy.TritonPythonModel):
         parameters = json.loads(args["model_config"])["parameters"]
         self.fault = parameters["fault"]["string_value"]
         self.delay_s = float(parameters["fault_delay_s"]["string_value"])
-        self.healthy_left = int(parameters["fault_healthy_requests"]["string_value"])
+        self.switch = parameters["fault_switch"]["string_value"]
 
     def execute(self, requests):
-        if self.fault == "slow":
-            time.sleep(self.delay_s)
-        elif self.healthy_left <= 0:
-            error = pb_utils.TritonError("injected fault: this forest fails every request")
-            return [pb_utils.InferenceResponse(error=error) for _ in requests]
-        self.healthy_left -= len(requests)
+        if os.path.exists(self.switch):
+            if self.fault == "slow":
+                time.sleep(self.delay_s)
+            else:
+                error = pb_utils.TritonError("injected fault: this forest fails every request")
+                return [pb_utils.InferenceResponse(error=error) for _ in requests]
         return super().execute(requests)
 '''
 
@@ -58,16 +58,18 @@ def add_faulty_version(
     version: int,
     fault: str = "error",
     delay_s: float = 0.5,
-    healthy_requests: int = 1,
-) -> None:
+) -> Path:
     """Add pipeline ``version`` (a faulty copy of ``base``) to the served repository ``served``
-    rendered from ``source``; load it through the gateway like any other version."""
+    rendered from ``source``; load it through the gateway like any other version. Returns the
+    switch: the fault is on while that file exists."""
     if fault not in ("error", "slow"):
         raise ValueError(f"fault must be 'error' or 'slow', not {fault!r}")
     manifest = read_manifest(source, base)
     parts = part_versions(manifest)
     healthy = served / f"forest_v{parts['forest']}"
     name = f"forest_v{version}"
+    switch = served.parent / f"fault-on-v{version}"
+    switch.unlink(missing_ok=True)
     staging = served / f".{name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(healthy, staging, symlinks=True)
@@ -76,7 +78,7 @@ def add_faulty_version(
     for key, value in (
         ("fault", fault),
         ("fault_delay_s", str(delay_s)),
-        ("fault_healthy_requests", str(healthy_requests)),
+        ("fault_switch", str(switch)),
     ):
         config.parameters[key].string_value = value
     write_config(config, staging / "config.pbtxt")
@@ -90,3 +92,4 @@ def add_faulty_version(
     write_pipeline_ensembles(
         served, version, {**parts, "forest": version}, faulty_manifest, "cpu", source
     )
+    return switch

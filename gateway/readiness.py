@@ -1,6 +1,6 @@
 """Readiness gated on a real warm-up, kept true by a background monitor.
 
-Ready means: Triton is live and ready, every routed model is ready, the client's transport is set
+Ready means: Triton is live, every routed model is ready, the client's transport is set
 up (shared-memory registration) and a warm-up went through each ensemble since the gateway last
 (re)connected. When Triton goes away readiness drops at the next poll; when it returns, the
 transport set-up and the warm-up run again before readiness comes back.

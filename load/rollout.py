@@ -319,13 +319,14 @@ async def _measure(
             shadow_rounds.append(result)
         await admin.call("POST", "/v1/admin/policy/shadow", {"version": None})
         mark("bad_canary")
-        add_faulty_version(served, source, base=2, version=FAULTY, fault="error")
+        switch = add_faulty_version(served, source, base=2, version=FAULTY, fault="error")
         await admin.call("POST", f"/v1/admin/versions/{FAULTY}/load")
         await admin.call(
             "POST",
             "/v1/admin/policy/canary",
             {"version": FAULTY, "percent": config.bad_canary_percent},
         )
+        switch.touch()  # the canary goes bad now
         bad_start = time.perf_counter()
         rollback_s = None
         policy: dict[str, Any] = {}

@@ -39,7 +39,9 @@ class RunningGateway:
         if key is not None and key not in keys:
             merged = {"X-API-Key": key}
         merged.update(headers or {})
-        return httpx.Client(base_url=self.base_url, headers=merged, timeout=30, **kwargs)
+        return httpx.Client(
+            **{"base_url": self.base_url, "headers": merged, "timeout": 30, **kwargs}
+        )
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of one sample of the gateway's /metrics (0 when absent)."""

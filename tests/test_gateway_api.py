@@ -73,7 +73,7 @@ def test_models_lists_triton_models_and_routes(gateway: RunningGateway) -> None:
     assert body["routes"] == {"/v1/predict": "text_regression", "/v1/embed": "text_embedding"}
     states = {(m["name"], m["version"]): m["state"] for m in body["models"]}
     for name in ("preprocess", "bert", "forest", "text_regression", "text_embedding"):
-        assert states[(name, "1")] == "READY"
+        assert states[(f"{name}_v1", "1")] == "READY"
 
 
 def test_unknown_model_version_is_404(gateway: RunningGateway) -> None:
@@ -227,11 +227,14 @@ def test_metrics_expose_custom_series(gateway: RunningGateway) -> None:
         client.post("/v1/predict", json={"texts": ["a"], "model_version": "9"})
         text = client.get("/metrics").text
     assert (
-        'gateway_triton_request_duration_seconds_bucket{le="0.01",model="text_regression",transport="grpc"}'
+        'gateway_triton_request_duration_seconds_bucket{le="0.01",model="text_regression_v1",transport="grpc"}'
         in text
     )
     assert 'gateway_texts_per_request_count{route="predict"}' in text
-    assert 'gateway_triton_errors_total{code="NOT_FOUND",model="text_regression"}' in text
+    assert (
+        'gateway_version_requests_total{model="text_regression",outcome="ok",role="stable",version="1"}'
+        in text
+    )
     assert "gateway_requests_in_flight " in text
     assert "gateway_ready 1.0" in text
     assert 'http_requests_total{handler="/v1/predict",method="POST",status="200"}' in text

@@ -46,8 +46,8 @@ def test_not_ready_and_fast_503_while_triton_is_absent() -> None:
 def test_readiness_follows_triton_down_and_back(own_triton: EmbeddedTriton) -> None:
     with running_gateway(own_triton.grpc_url) as gateway:
         # Ready only after the gateway's own warm-up went through both ensembles.
-        assert model_statistics(own_triton, "text_regression")["success"] >= 1
-        assert model_statistics(own_triton, "text_embedding")["success"] >= 1
+        assert model_statistics(own_triton, "text_regression_v1")["success"] >= 1
+        assert model_statistics(own_triton, "text_embedding_v1")["success"] >= 1
         assert readyz(gateway).status_code == 200
 
         own_triton.kill()
@@ -59,7 +59,7 @@ def test_readiness_follows_triton_down_and_back(own_triton: EmbeddedTriton) -> N
         own_triton.start()
         # The fresh server has served nothing; readiness must wait for the gateway's warm-up.
         wait_for(lambda: readyz(gateway).status_code == 200, 60, "readiness to return")
-        assert model_statistics(own_triton, "text_regression")["success"] >= 1
+        assert model_statistics(own_triton, "text_regression_v1")["success"] >= 1
         with gateway.client() as client:
             back = client.post("/v1/predict", json={"texts": ["hello"]})
         assert back.status_code == 200
@@ -71,7 +71,7 @@ def small_batch_triton(
 ) -> Iterator[EmbeddedTriton]:
     """Triton whose ensembles accept at most 8 texts per request."""
     repository = render_repository(tmp_path_factory.mktemp("small-batch"), "cpu", built_repository)
-    for ensemble in ("text_regression", "text_embedding"):
+    for ensemble in ("text_regression_v1", "text_embedding_v1"):
         config = repository / ensemble / "config.pbtxt"
         config.write_text(
             re.sub(r"max_batch_size: \d+", f"max_batch_size: {SMALL_BATCH}", config.read_text())
@@ -85,11 +85,11 @@ def test_requests_above_max_batch_size_are_split_and_reassembled(
 ) -> None:
     texts = [f"Review number {i}: " + "good " * (i % 7) + "bad " * (i % 5) for i in range(30)]
     with running_gateway(small_batch_triton.grpc_url) as gateway:
-        before = model_statistics(small_batch_triton, "text_regression")
+        before = model_statistics(small_batch_triton, "text_regression_v1")
         with gateway.client() as client:
             response = client.post("/v1/predict", json={"texts": texts})
             embedded = client.post("/v1/embed", json={"texts": texts})
-        after = model_statistics(small_batch_triton, "text_regression")
+        after = model_statistics(small_batch_triton, "text_regression_v1")
     assert response.status_code == 200, response.text
     assert after["success"] - before["success"] == 4  # ceil(30 / 8) concurrent Triton requests
     assert after["inference_count"] - before["inference_count"] == 30

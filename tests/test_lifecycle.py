@@ -30,6 +30,8 @@ from tests.conftest import FAST_BUILD_ARGS, TEXTS, model_statistics, wait_for
 from tests.gateway_support import RunningGateway, running_gateway
 
 FAULTY = 9
+# Pipeline version -> the file that turns its fault on (devtools.faulty_version).
+served_faults: dict[int, Path] = {}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,8 @@ def lifecycle_triton(
     served = render_repository(
         tmp_path_factory.mktemp("served") / "repository", "cpu", two_versions
     )
-    add_faulty_version(served, two_versions, base=1, version=FAULTY, fault="error")
+    switch = add_faulty_version(served, two_versions, base=1, version=FAULTY, fault="error")
+    served_faults[FAULTY] = switch
     server = EmbeddedTriton(served, tmp_path_factory.mktemp("lifecycle-triton"))
     server.start()
     yield server
@@ -88,6 +91,7 @@ class Traffic:
     def __init__(self, gateway: RunningGateway) -> None:
         self.gateway = gateway
         self.answers: list[tuple[int, str]] = []
+        self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -128,9 +132,7 @@ def test_a_rollout_under_traffic_loses_no_request(
             assert unloaded.status_code == 200, unloaded.text
             count = len(traffic.answers)
             wait_for(lambda: len(traffic.answers) > count + 3, what="traffic after the unload")
-        assert traffic.answers and all(status == 200 for status, _ in traffic.answers), {
-            status for status, _ in traffic.answers
-        }
+        assert traffic.answers and not traffic.failures, traffic.failures[:3]
         assert {"1", "2"} <= {version for _, version in traffic.answers}
         after = predict(gateway)
         assert after["model_version"] == "2"
@@ -159,8 +161,9 @@ def test_the_canary_is_sticky_per_api_key(lifecycle_triton: EmbeddedTriton) -> N
     with running_gateway(
         lifecycle_triton.grpc_url, extra_key_entries=tuple(entry for _, entry in keys)
     ) as gateway:
+        admin_post(gateway, "/v1/admin/versions/1/load")
         admin_post(gateway, "/v1/admin/versions/2/load")
-        admin_post(gateway, "/v1/admin/policy/canary", version=2, percent=50)
+        admin_post(gateway, "/v1/admin/policy/replace", stable=1, canary=2, canary_percent=50)
         seen = {
             key: {predict(gateway, key=key)["model_version"] for _ in range(3)} for key, _ in keys
         }
@@ -174,9 +177,12 @@ def test_a_bad_canary_is_rolled_back_and_no_caller_sees_it_fail(
     lifecycle_triton: EmbeddedTriton,
 ) -> None:
     with running_gateway(lifecycle_triton.grpc_url, canary_min_requests=10) as gateway:
+        admin_post(gateway, "/v1/admin/versions/1/load")
+        admin_post(gateway, "/v1/admin/policy/replace", stable=1)
         loaded = admin_post(gateway, f"/v1/admin/versions/{FAULTY}/load")
         assert loaded["manifest"]["fault"] == "error"
         admin_post(gateway, "/v1/admin/policy/canary", version=FAULTY, percent=100)
+        served_faults[FAULTY].touch()  # it goes bad now
         answers = [predict(gateway)["model_version"] for _ in range(12)]
         assert set(answers) == {"1"}  # each canary failure was answered by stable
 
@@ -199,6 +205,10 @@ def test_a_bad_canary_is_rolled_back_and_no_caller_sees_it_fail(
             outcome="error",
         )
         assert failures == 0
+        # Leave the module's Triton as it was: the fault off, the version unloaded.
+        served_faults[FAULTY].unlink()
+        with gateway.client(key="admin", timeout=None) as client:
+            assert client.delete(f"/v1/admin/versions/{FAULTY}").status_code == 200
 
 
 def test_the_admin_api_refuses_an_infer_key(lifecycle_triton: EmbeddedTriton) -> None:

@@ -96,7 +96,7 @@ def test_system_shm_results_equal_grpc(
     assert (
         shm_gateway.metric(
             "gateway_triton_request_duration_seconds_count",
-            model="text_embedding",
+            model="text_embedding_v1",
             transport="system_shm",
         )
         >= 1
@@ -131,7 +131,7 @@ def test_payload_too_large_for_a_region_falls_back_to_grpc(
         )
         on_grpc = small.metric(
             "gateway_triton_request_duration_seconds_count",
-            model="text_embedding",
+            model="text_embedding_v1",
             transport="grpc",
         )
     assert fallbacks == 1 and on_grpc == 1
@@ -162,7 +162,7 @@ def test_regions_are_registered_again_after_triton_restarts(own_triton: Embedded
         assert (
             gw.metric(
                 "gateway_triton_request_duration_seconds_count",
-                model="text_regression",
+                model="text_regression_v1",
                 transport="system_shm",
             )
             == 2
@@ -236,7 +236,7 @@ async def test_cancelled_request_never_returns_its_region_to_the_pool(
     assert manager is not None
     try:
         await client.connect()
-        model = await client.model_info("text_embedding", 10)
+        model = await client.model_info("text_embedding_v1", 10)
         pool = manager.pool
         assert pool is not None
         (slot,) = pool.live
@@ -334,7 +334,7 @@ def test_cuda_shm_results_equal_grpc(triton: EmbeddedTriton, gateway: RunningGat
         assert (
             cuda.metric(
                 "gateway_triton_request_duration_seconds_count",
-                model="text_embedding",
+                model="text_embedding_v1",
                 transport="cuda_shm",
             )
             >= 1
