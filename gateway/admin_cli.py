@@ -110,9 +110,13 @@ def policy_line(policy: dict[str, Any] | None) -> str:
     canary = policy.get("canary")
     canary_text = "none" if canary is None else f"v{canary} at {policy['canary_percent']:g} %"
     shadow = policy.get("shadow")
+    shadow_share = policy.get("shadow_percent", 100.0)
+    shadow_text = "none" if shadow is None else f"v{shadow}"
+    if shadow is not None and shadow_share < 100:
+        shadow_text += f" at {shadow_share:g} %"
     return (
         f"stable v{policy['stable']} · canary {canary_text} · "
-        f"shadow {'none' if shadow is None else f'v{shadow}'} · revision {policy['revision']}"
+        f"shadow {shadow_text} · revision {policy['revision']}"
     )
 
 
@@ -223,6 +227,12 @@ def add_parser(commands: Any) -> None:
     shadow = action("shadow", "copy the traffic to a loaded version (or --off)")
     shadow.add_argument("version", type=int, nargs="?")
     shadow.add_argument("--off", action="store_true", help="stop shadowing")
+    shadow.add_argument(
+        "--percent",
+        type=float,
+        default=100.0,
+        help="share of the requests copied (default: %(default)s; a copy costs a pipeline run)",
+    )
     action("promote", "make the canary stable")
     action("rollback", "drop the canary, or return to the previous stable")
     action("policy", "the traffic policy and its last changes")
@@ -304,7 +314,8 @@ def _call(client: AdminClient, args: argparse.Namespace) -> tuple[Any, str]:
         )
     elif action == "shadow":
         answer = client.post(
-            "/v1/admin/policy/shadow", {"version": None if args.off else args.version}
+            "/v1/admin/policy/shadow",
+            {"version": None if args.off else args.version, "percent": args.percent},
         )
     else:  # promote, rollback
         answer = client.post(f"/v1/admin/policy/{action}")

@@ -75,7 +75,12 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
     try:
         key, entry = new_key(("infer", "admin"))
         settings = settings.model_copy(
-            update={"triton_grpc_url": server.grpc_url, "api_keys": [*settings.api_keys, entry]}
+            update={
+                "triton_grpc_url": server.grpc_url,
+                "api_keys": [*settings.api_keys, entry],
+                # The traffic policy outlives a restart of `make run` (as it does in compose).
+                "policy_path": settings.policy_path or workdir / "traffic-policy.json",
+            }
         )
         base = f"http://{settings.host}:{settings.port}"
         print(
@@ -85,7 +90,8 @@ def dev(settings: Settings, repository: Path, workdir: Path) -> int:
                     f"  Triton      gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}",
                     "              (restarted on these ports if it crashes)",
                     f"  Gateway     {base}  (docs: {base}/docs)",
-                    f"  API key     {key}   (development only; valid until this process stops)",
+                    f"  API key     {key}   (infer + admin; development only; valid until this process stops)",
+                    f"  Models      GATEWAY_URL={base} GATEWAY_ADMIN_KEY={key} python -m gateway models list",
                     f"  Try         curl -H 'Authorization: Bearer {key}' -H 'content-type: application/json' "
                     f"""-d '{{"texts": ["Great blender, works perfectly."]}}' {base}/v1/predict""",
                     "",

@@ -149,6 +149,7 @@ class TrafficPolicyModel(BaseModel):
     canary: int | None
     canary_percent: float = Field(ge=0, le=100)
     shadow: int | None
+    shadow_percent: float = Field(gt=0, le=100, description="Share of requests copied to shadow")
     previous_stable: int | None = Field(description="What a rollback without a canary returns to")
     updated_at: float = Field(description="Unix time of the change")
     updated_by: str = Field(
@@ -169,6 +170,7 @@ class PolicyUpdate(BaseModel):
     canary: PipelineVersionNumber | None = None
     canary_percent: float = Field(0.0, ge=0, le=100)
     shadow: PipelineVersionNumber | None = None
+    shadow_percent: float = Field(100.0, gt=0, le=100)
 
 
 class CanaryUpdate(BaseModel):
@@ -183,11 +185,14 @@ class CanaryUpdate(BaseModel):
 
 
 class ShadowUpdate(BaseModel):
-    """Copy the traffic to a loaded version (or stop: null)."""
+    """Copy (a share of) the traffic to a loaded version, or stop: null."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": 2}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"version": 2, "percent": 10}]}
+    )
 
     version: PipelineVersionNumber | None
+    percent: float = Field(100.0, gt=0, le=100, description="Share of requests copied, in percent")
 
 
 class PolicyResponse(BaseModel):

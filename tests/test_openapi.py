@@ -40,6 +40,8 @@ def test_operations_are_stable_documented_and_secured() -> None:
     }
     assert {op["operationId"] for op in operations.values()} == {
         "predict", "embed", "listModels", "livez", "readyz", "metrics",
+        "listVersions", "loadVersion", "unloadVersion", "getPolicy", "replacePolicy",
+        "setCanary", "setShadow", "promoteCanary", "rollback",
     }  # fmt: skip
     schemes = document["components"]["securitySchemes"]
     assert schemes["BearerAuth"] == {
@@ -59,6 +61,11 @@ def test_operations_are_stable_documented_and_secured() -> None:
         name = request_schema.rsplit("/", 1)[1]
         assert document["components"]["schemas"][name].get("examples"), f"{name} has no example"
     assert "HTTPValidationError" not in document["components"]["schemas"]
+    for (path, _), operation in operations.items():
+        if path.startswith("/v1/admin/"):
+            assert operation["tags"] == ["admin"], path
+            assert operation["security"] == [{"BearerAuth": []}, {"ApiKeyAuth": []}], path
+            assert {"401", "403"} <= set(operation["responses"]), path
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +122,23 @@ def test_generated_sdk_round_trip(gateway: RunningGateway, sdk: Any) -> None:
         assert invalid.status_code == 422
         assert isinstance(invalid.parsed, models.ErrorResponse)
         assert invalid.parsed.error.code == "invalid_request"
+
+
+def test_generated_sdk_drives_the_admin_api(gateway: RunningGateway, sdk: Any) -> None:
+    list_versions = importlib.import_module(f"{sdk.__name__}.api.admin.list_versions")
+    get_policy = importlib.import_module(f"{sdk.__name__}.api.admin.get_policy")
+    models = importlib.import_module(f"{sdk.__name__}.models")
+    with (
+        sdk.AuthenticatedClient(base_url=gateway.base_url, token=gateway.admin_only_key) as admin,
+        sdk.AuthenticatedClient(base_url=gateway.base_url, token=gateway.infer_key) as infer,
+    ):
+        listed = list_versions.sync(client=admin)
+        assert isinstance(listed, models.VersionsResponse)
+        assert [(v.version, v.state, v.roles) for v in listed.versions][:1] == [
+            (1, "ready", ["stable"])
+        ]
+        policy = get_policy.sync(client=admin)
+        assert isinstance(policy, models.PolicyResponse) and policy.policy.stable == 1
+        denied = list_versions.sync_detailed(client=infer)
+        assert denied.status_code == 403
+        assert isinstance(denied.parsed, models.ErrorResponse)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -191,10 +192,14 @@ class VersionManager:
         return version, role
 
     def shadow(self) -> int | None:
-        """The version that gets a copy of the routed traffic, when it is warm here."""
-        if self.policy is None or self.policy.shadow is None:
+        """The version that gets a copy of this routed request (a ``shadow_percent`` sample), when
+        it is warm here."""
+        policy = self.policy
+        if policy is None or policy.shadow is None or not self.is_ready(policy.shadow):
             return None
-        return self.policy.shadow if self.is_ready(self.policy.shadow) else None
+        if policy.shadow_percent < 100 and random.random() * 100 >= policy.shadow_percent:
+            return None
+        return policy.shadow
 
     def is_ready(self, version: int) -> bool:
         """Whether ``version`` is loaded and warm here."""
@@ -437,4 +442,6 @@ class VersionManager:
         if policy.canary is not None:
             self.metrics.traffic_share.labels(str(policy.canary), "canary").set(canary_share)
         if policy.shadow is not None:
-            self.metrics.traffic_share.labels(str(policy.shadow), "shadow").set(100)
+            self.metrics.traffic_share.labels(str(policy.shadow), "shadow").set(
+                policy.shadow_percent
+            )

@@ -23,13 +23,15 @@ BUCKETS = 10_000
 @dataclass(frozen=True)
 class TrafficPolicy:
     """Where traffic goes. ``canary_percent`` of the API keys (a stable subset: each key hashes to
-    a bucket) go to ``canary``; the others to ``stable``; ``shadow`` gets a copy of stable's."""
+    a bucket) go to ``canary``; the others to ``stable``; ``shadow`` gets a copy of
+    ``shadow_percent`` of the routed requests (a sample: a copy costs a whole pipeline run)."""
 
     revision: int
     stable: int
     canary: int | None = None
     canary_percent: float = 0.0
     shadow: int | None = None
+    shadow_percent: float = 100.0
     previous_stable: int | None = None
     updated_at: float = 0.0
     updated_by: str = ""
@@ -102,6 +104,8 @@ class TrafficPolicy:
         """InvalidRequest when the policy contradicts itself."""
         if not 0 <= self.canary_percent <= 100:
             raise errors.InvalidRequest("canary_percent must lie in 0..100")
+        if not 0 < self.shadow_percent <= 100:
+            raise errors.InvalidRequest("shadow_percent must lie in (0, 100]")
         if self.canary is not None and self.canary == self.stable:
             raise errors.InvalidRequest(f"v{self.stable} is stable already; it cannot be canary")
         if self.canary is None and self.canary_percent:

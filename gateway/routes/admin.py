@@ -148,6 +148,7 @@ async def set_policy(
             canary=body.canary,
             canary_percent=body.canary_percent if body.canary is not None else 0.0,
             shadow=body.shadow,
+            shadow_percent=body.shadow_percent,
             previous_stable=policy.stable if stable_changed else policy.previous_stable,
         )
 
@@ -184,9 +185,15 @@ async def set_shadow(
 ) -> PolicyResponse:
     """The version gets a copy of every routed request; its answers are compared with the served
     ones (``gateway_shadow_drift``) and never returned."""
-    reason = "shadow stopped" if body.version is None else f"shadow v{body.version}"
+    reason = (
+        "shadow stopped"
+        if body.version is None
+        else f"shadow v{body.version} ({body.percent:g} % of requests)"
+    )
     await service.versions.change_policy(
-        lambda policy: policy.changed(_by(principal), reason, shadow=body.version)
+        lambda policy: policy.changed(
+            _by(principal), reason, shadow=body.version, shadow_percent=body.percent
+        )
     )
     return _policy(service)
 
