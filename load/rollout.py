@@ -69,6 +69,8 @@ class RolloutConfig:
     v2_build_args: tuple[str, ...] = ("--trees", "30")
     shadow_rounds: int = 3
     shadow_round_s: float = 20.0
+    # Shares of the requests copied to the shadow, each measured against no shadow.
+    shadow_percents: tuple[float, ...] = (100.0, 10.0)
     bad_canary_percent: float = 10.0
     rollback_timeout_s: float = 60.0
     texts_per_request: int = 1
@@ -305,17 +307,21 @@ async def _measure(
         mark("shadow")
         await admin.call("POST", "/v1/admin/versions/1/load")
         shadow_rounds = []
+        settings: list[float | None] = [None, *config.shadow_percents]
         for round_index in range(config.shadow_rounds):
-            # Interleaved, alternating which goes first: drift of the machine falls on both.
-            order = ("off", "on") if round_index % 2 == 0 else ("on", "off")
+            # Interleaved, each round in another order: the machine's drift falls on every setting.
+            shift = round_index % len(settings)
             result: dict[str, Any] = {}
-            for setting in order:
+            for percent in settings[shift:] + settings[:shift]:
                 await admin.call(
-                    "POST", "/v1/admin/policy/shadow", {"version": 1 if setting == "on" else None}
+                    "POST",
+                    "/v1/admin/policy/shadow",
+                    {"version": None if percent is None else 1, "percent": percent or 100.0},
                 )
                 start = time.perf_counter()
                 await asyncio.sleep(config.shadow_round_s)
-                result[setting] = phase_stats(loop.between(start + 1.0, time.perf_counter()))
+                name = "off" if percent is None else f"{percent:g}%"
+                result[name] = phase_stats(loop.between(start + 1.0, time.perf_counter()))
             shadow_rounds.append(result)
         await admin.call("POST", "/v1/admin/policy/shadow", {"version": None})
         mark("bad_canary")
@@ -404,13 +410,16 @@ def rollout_markdown(document: dict[str, Any]) -> str:
     ]
     rollout = document["rollout"]
     split = document["canary_split"]
+    shadow_settings = [name for name in document["shadow_rounds"][0] if name != "off"]
     shadow_rows = [
         [
             index + 1,
             fmt(item["off"]["p99_ms"]),
-            fmt(item["on"]["p99_ms"]),
-            fmt(item["on"]["p99_ms"] / item["off"]["p99_ms"], 3),
-            item["on"]["failed"] + item["off"]["failed"],
+            *(
+                f"{fmt(item[name]['p99_ms'])} ({fmt(item[name]['p99_ms'] / item['off']['p99_ms'], 2)} x)"
+                for name in shadow_settings
+            ),
+            sum(phase["failed"] for phase in item.values()),
         ]
         for index, item in enumerate(document["shadow_rounds"])
     ]
@@ -429,8 +438,11 @@ def rollout_markdown(document: dict[str, Any]) -> str:
             f"**{fmt(split['share_percent'], 2)} %** to the canary; keys on the canary "
             f"{fmt(split['keys_on_canary_percent'], 2)} % of {split['keys_seen']}; keys that saw "
             f"both versions: **{split['keys_seeing_both']}**.",
-            "Shadow (v1 shadowing v2), interleaved rounds:\n\n"
-            + markdown_table(["round", "p99 off ms", "p99 on ms", "on/off", "failed"], shadow_rows),
+            "Shadow (v1 shadowing v2), interleaved rounds, p99 ms (x off):\n\n"
+            + markdown_table(
+                ["round", "off", *(f"shadow {name}" for name in shadow_settings), "failed"],
+                shadow_rows,
+            ),
             f"Bad canary (v{FAULTY}, every request fails after its warm-up, at "
             f"{document['config']['bad_canary_percent']} %): rolled back after "
             f"**{fmt(bad['rollback_s'])} s** ({bad['policy_after'].get('reason', '')}); callers "

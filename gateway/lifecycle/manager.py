@@ -106,13 +106,23 @@ class VersionManager:
     async def prepare(self) -> None:
         """After every (re)connection: forget what Triton may have lost, adopt the stored policy
         (or make the first one), and load and warm every version it routes."""
-        for loaded in self._versions.values():
-            if loaded.state == "ready":
-                loaded.state = "loading"
+        was_ready = sorted(v for v, loaded in self._versions.items() if loaded.state == "ready")
+        for version in was_ready:
+            self._versions[version].state = "loading"
         await self._adopt(self.store.load())
         if self.policy is None:
             await self._first_policy()
         await self._ensure_routed()
+        # Versions held ready for a rollback come back too (best effort: traffic needs none).
+        for version in was_ready:
+            if not self.is_ready(version):
+                try:
+                    await self.load(version)
+                except (errors.GatewayError, TimeoutError, asyncio.TimeoutError) as exc:
+                    log.warning(
+                        "version not reloaded after reconnection",
+                        extra={"version": version, "error": str(exc)},
+                    )
 
     async def refresh(self) -> None:
         """Each readiness poll: apply a policy another replica stored; check the canary."""
@@ -194,12 +204,10 @@ class VersionManager:
     def shadow(self) -> int | None:
         """The version that gets a copy of this routed request (a ``shadow_percent`` sample), when
         it is warm here."""
-        policy = self.policy
-        if policy is None or policy.shadow is None or not self.is_ready(policy.shadow):
+        if self.policy is None:
             return None
-        if policy.shadow_percent < 100 and random.random() * 100 >= policy.shadow_percent:
-            return None
-        return policy.shadow
+        version = self.policy.shadow_copy(random.random())
+        return version if version is not None and self.is_ready(version) else None
 
     def is_ready(self, version: int) -> bool:
         """Whether ``version`` is loaded and warm here."""

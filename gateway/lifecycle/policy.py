@@ -50,6 +50,12 @@ class TrafficPolicy:
                 return self.canary, "canary"
         return self.stable, "stable"
 
+    def shadow_copy(self, draw: float) -> int | None:
+        """The shadow version if this request (``draw``: uniform in [0, 1)) is in its sample."""
+        if self.shadow is None or draw * 100 >= self.shadow_percent:
+            return None
+        return self.shadow
+
     def changed(self, by: str, reason: str, **fields: Any) -> TrafficPolicy:
         """A new revision with ``fields`` changed, validated."""
         policy = replace(

@@ -219,3 +219,14 @@ async def test_the_policy_survives_a_restart(tmp_path: Path) -> None:
 
 async def _tick() -> None:
     await asyncio.sleep(0.01)
+
+
+def test_shadow_copies_a_sample_of_the_requests() -> None:
+    policy = TrafficPolicy(revision=1, stable=1).changed(
+        "test", "shadow", shadow=2, shadow_percent=20.0
+    )
+    draws = [i / 1000 for i in range(1000)]
+    assert sum(1 for draw in draws if policy.shadow_copy(draw) == 2) == 200
+    with pytest.raises(errors.InvalidRequest):
+        policy.changed("test", "none", shadow_percent=0.0)
+    assert policy.changed("test", "off", shadow=None).shadow_copy(0.0) is None
