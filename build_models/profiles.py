@@ -165,6 +165,10 @@ def render_config(
     return rendered
 
 
+# See render_part: a file where Python would create its bytecode directory.
+PYCACHE_BLOCKER = "__pycache__"
+
+
 def _write_model_dir(destination: Path, name: str, fill: Callable[[Path], None]) -> bool:
     """Create model directory ``name`` in ``destination`` unless it exists; False if it did.
 
@@ -231,6 +235,13 @@ def render_part(
                     (out_version / item.name).symlink_to(item.resolve())
         if profile in STAND_IN_PROFILES and part in ("bert", "forest"):
             shutil.copy2(CPU_STAND_INS / f"{part}.py", out_version / "model.py")
+        if (out_version / "model.py").exists():
+            # Triton reloads a model whose files are newer than its last load, and every ensemble
+            # using it. The Python backend's stub writes model.py's bytecode into __pycache__/ at
+            # load (PYTHONDONTWRITEBYTECODE does not reach its interpreter), so the next load of
+            # any version sharing this model would reload the serving one (measured: it wedged
+            # Triton under load). A plain file of that name leaves Python nowhere to write.
+            (out_version / PYCACHE_BLOCKER).write_bytes(b"")
 
     return _write_model_dir(destination, name, fill)
 

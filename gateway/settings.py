@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     canary_min_requests: int = Field(
         20, ge=1, description="canary requests in the window before the guard judges it"
     )
+    canary_min_latency_requests: int = Field(
+        100, ge=1, description="requests on each side in the window before p99 is compared"
+    )
     canary_max_error_rate_increase: float = Field(
         0.05, ge=0, le=1, description="roll back when canary errors exceed stable's by this share"
     )

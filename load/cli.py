@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -399,6 +400,10 @@ def _report(document: dict[str, Any]) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m load``."""
     args = build_parser().parse_args(argv)
@@ -415,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         "chaos": _chaos,
         "rollout": _rollout,
     }
+    # SIGTERM (a `timeout`, a CI job cancelled) stops the servers the same way as Ctrl-C: by the
+    # finally blocks that stop them, which the default SIGTERM action would skip.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

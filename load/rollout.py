@@ -297,7 +297,11 @@ async def _measure(
             "POST", "/v1/admin/policy/canary", {"version": 2, "percent": config.canary_percent}
         )
         canary_start = time.perf_counter()
-        await loop.wait_for_answers(canary_start, config.canary_requests)
+        # Bounded: twice the time the offered rate needs, and a minute.
+        await asyncio.wait_for(
+            loop.wait_for_answers(canary_start, config.canary_requests),
+            2 * config.canary_requests / rate + 60,
+        )
         mark("promote")
         await admin.call("POST", "/v1/admin/policy/promote")
         mark("unload")

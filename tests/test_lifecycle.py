@@ -141,6 +141,11 @@ def test_a_rollout_under_traffic_loses_no_request(
         # v1's ensembles and its own forest are gone; the encoder it shares with v2 stays.
         assert served["text_regression_v1"] != "READY" and served["forest_v1"] != "READY"
         assert served["bert_v1"] == "READY" and served["text_regression_v2"] == "READY"
+        # Loading v2 reused the serving encoder: Triton loaded bert_v1 once and never reloaded
+        # v1's ensembles (it reloads a model whose files changed since its load, dependents too).
+        log = lifecycle_triton.log_path.read_text()
+        assert log.count('"loading: bert_v1:1"') == 1, log[-3000:]
+        assert log.count('"loading: text_regression_v1:1"') == 1, log[-3000:]
 
     # A new gateway (a restart) adopts the stored policy: v2 serves, v1 is not reloaded.
     with running_gateway(lifecycle_triton.grpc_url, policy_path=policy_path) as restarted:

@@ -72,15 +72,16 @@ def test_a_new_version_is_added_to_a_serving_triton_and_both_answer(
         "text_embedding_v1",
         "text_regression_v1",
     ]
+    # Nothing of a served model changes when Triton loads it (the Python backend finds no place
+    # for its __pycache__) or when a version is added: Triton would reload it, and its ensembles.
+    existing = {
+        path: (path.stat().st_ino, path.stat().st_mtime_ns)
+        for name in ("bert_v1", "forest_v1", "text_regression_v1")
+        for path in (served / name, served / name / "config.pbtxt", served / name / "1")
+    }
     with EmbeddedTriton(served, tmp_path / "triton") as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         v1_scores = infer(client, "text_regression_v1", TEXTS, "score")
-        # Taken once Triton has loaded them (the Python backend writes __pycache__ into 1/).
-        existing = {
-            path: (path.stat().st_ino, path.stat().st_mtime_ns)
-            for name in ("bert_v1", "forest_v1", "text_regression_v1")
-            for path in (served / name, served / name / "config.pbtxt", served / name / "1")
-        }
         added = render_models(served, "cpu", two_versions, additive=True)
         # Only version 2's own models: preprocess_v1 and bert_v1 are shared and already there.
         assert sorted(added) == ["forest_v2", "text_embedding_v2", "text_regression_v2"]
@@ -101,6 +102,10 @@ def test_a_new_version_is_added_to_a_serving_triton_and_both_answer(
             infer(client, "text_regression_v1", TEXTS, "score"), v1_scores
         )
         config = client.get_model_config("text_regression_v2", as_json=True)["config"]
+        log = server.log_path.read_text()
+    # Loading version 2 reused the serving encoder and version 1's ensembles as they were.
+    assert log.count('"loading: bert_v1:1"') == 1, log[-3000:]
+    assert log.count('"loading: text_regression_v1:1"') == 1, log[-3000:]
     # The forest differs, the shared encoder does not.
     assert not np.allclose(v1_scores, v2_scores, atol=1e-4)
     np.testing.assert_array_equal(embeddings[1], embeddings[2])

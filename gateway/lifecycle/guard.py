@@ -2,8 +2,9 @@
 canary must be rolled back (its error rate or its p99 latency past thresholds relative to stable).
 
 Only failures the server is answerable for count (Triton errors, timeouts, refusals): a caller's
-invalid request says nothing about a version. Both sides need ``min_requests`` in the window
-before latency is compared; the error rate is compared as soon as the canary has them.
+invalid request says nothing about a version. The error rate is compared once the canary has
+``min_requests`` in the window; p99 once both sides have ``min_latency_requests`` (a p99 of 20
+samples is their maximum, and one slow request is no verdict).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class GuardLimits:
 
     window_s: float
     min_requests: int
+    # A p99 of fewer samples is their maximum: one slow request would roll a canary back.
+    min_latency_requests: int
     max_error_rate_increase: float
     max_p99_ratio: float
     p99_slack_s: float
@@ -39,6 +42,14 @@ class WindowStats:
     def error_rate(self) -> float:
         """Failed / all (0 with no requests)."""
         return self.errors / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a canary must go: which threshold it passed (``error_rate``, ``p99``) and the figures."""
+
+    kind: str
+    reason: str
 
 
 class CanaryGuard:
@@ -69,7 +80,7 @@ class CanaryGuard:
         )
         return WindowStats(len(samples), failures, p99)
 
-    def verdict(self, stable: int, canary: int, now: float) -> str | None:
+    def verdict(self, stable: int, canary: int, now: float) -> Verdict | None:
         """Why ``canary`` must be rolled back now, or None while it holds up."""
         limits = self.limits
         mine = self.stats(canary, now)
@@ -77,18 +88,21 @@ class CanaryGuard:
             return None
         theirs = self.stats(stable, now)
         if mine.error_rate > theirs.error_rate + limits.max_error_rate_increase:
-            return (
+            return Verdict(
+                "error_rate",
                 f"canary v{canary} error rate {mine.error_rate:.1%} over {mine.requests} requests "
                 f"vs stable v{stable} {theirs.error_rate:.1%} (allowed: "
-                f"+{limits.max_error_rate_increase:.1%})"
+                f"+{limits.max_error_rate_increase:.1%})",
             )
-        if theirs.requests >= limits.min_requests and mine.p99_s > max(
+        enough = min(mine.requests, theirs.requests) >= limits.min_latency_requests
+        if enough and mine.p99_s > max(
             theirs.p99_s * limits.max_p99_ratio, theirs.p99_s + limits.p99_slack_s
         ):
-            return (
+            return Verdict(
+                "p99",
                 f"canary v{canary} p99 {mine.p99_s * 1000:.0f} ms vs stable v{stable} "
                 f"{theirs.p99_s * 1000:.0f} ms (allowed: x{limits.max_p99_ratio:g}, at least "
-                f"+{limits.p99_slack_s * 1000:.0f} ms)"
+                f"+{limits.p99_slack_s * 1000:.0f} ms)",
             )
         return None
 

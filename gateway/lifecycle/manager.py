@@ -85,6 +85,7 @@ class VersionManager:
             GuardLimits(
                 window_s=settings.canary_window_s,
                 min_requests=settings.canary_min_requests,
+                min_latency_requests=settings.canary_min_latency_requests,
                 max_error_rate_increase=settings.canary_max_error_rate_increase,
                 max_p99_ratio=settings.canary_max_p99_ratio,
                 p99_slack_s=settings.canary_p99_slack_s,
@@ -250,15 +251,15 @@ class VersionManager:
         policy = self.policy
         if policy is None or policy.canary is None:
             return None
-        reason = self.guard.verdict(policy.stable, policy.canary, time.monotonic())
-        if reason is None:
+        verdict = self.guard.verdict(policy.stable, policy.canary, time.monotonic())
+        if verdict is None:
             return None
-        kind = "error_rate" if "error rate" in reason else "p99"
+        reason = f"automatic rollback: {verdict.reason}"
         try:
-            rolled = await self._change(policy.rolled_back(GUARD, f"automatic rollback: {reason}"))
+            rolled = await self._change(policy.rolled_back(GUARD, reason))
         except errors.Conflict:
             return None  # another replica changed the policy first; the next poll adopts it
-        self.metrics.rollbacks.labels(kind).inc()
+        self.metrics.rollbacks.labels(verdict.kind).inc()
         log.warning("canary rolled back", extra={"version": policy.canary, "reason": reason})
         return rolled
 

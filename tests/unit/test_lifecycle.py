@@ -67,17 +67,21 @@ def test_the_file_store_is_a_compare_and_swap_shared_by_replicas(tmp_path: Path)
 
 
 def test_the_guard_judges_the_canary_against_stable() -> None:
-    guard = CanaryGuard(GuardLimits(30.0, 10, 0.05, 1.5, 0.05))
+    guard = CanaryGuard(GuardLimits(30.0, 10, 20, 0.05, 1.5, 0.05))
     now = time.monotonic()
     for _ in range(100):
         guard.record(1, True, 0.020, now)
     for i in range(10):
         guard.record(2, i % 2 == 0, 0.020, now)
-    assert guard.verdict(1, 2, now) is not None and "error rate" in str(guard.verdict(1, 2, now))
+    verdict = guard.verdict(1, 2, now)
+    assert verdict is not None and verdict.kind == "error_rate" and "50.0%" in verdict.reason
     guard.forget(2)
-    for _ in range(20):
+    for _ in range(19):
         guard.record(2, True, 0.200, now)
-    assert "p99" in str(guard.verdict(1, 2, now))
+    assert guard.verdict(1, 2, now) is None  # 19 samples: too few for a p99
+    guard.record(2, True, 0.200, now)
+    verdict = guard.verdict(1, 2, now)
+    assert verdict is not None and verdict.kind == "p99" and "200 ms" in verdict.reason
     # Old samples leave the window: the verdict is about now.
     assert guard.verdict(1, 2, now + 31) is None
 
