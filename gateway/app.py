@@ -39,7 +39,12 @@ def create_app(settings: Settings | None = None, client: TritonApi | None = None
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from gateway.triton.client import TritonClient
 
-        service = InferenceService(client or TritonClient(settings, metrics), settings, metrics)
+        service = InferenceService(
+            client or TritonClient(settings, metrics),
+            settings,
+            metrics,
+            callers=app.state.keyring.digests("infer"),
+        )
         app.state.service = service
         service.start()
         log.info(

@@ -58,6 +58,10 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def digests(self, scope: str) -> list[str]:
+        """The hex digests of the keys that hold ``scope``."""
+        return [digest.hex() for digest, scopes, _ in self._keys if scope in scopes]
+
     def authenticate(self, presented: str | None) -> Principal:
         """The principal of ``presented``; Unauthorized when missing or unknown."""
         if not presented:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -59,7 +59,14 @@ class ModelResult:
 class InferenceService:
     """Runs texts through the routed Triton ensembles of the pipeline version each request gets."""
 
-    def __init__(self, client: TritonApi, settings: Settings, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        client: TritonApi,
+        settings: Settings,
+        metrics: GatewayMetrics,
+        callers: Iterable[str] = (),
+    ) -> None:
+        """``callers``: the digests of the keys that may infer (the canary share is exact over them)."""
         self.client = client
         self.settings = settings
         self.metrics = metrics
@@ -70,7 +77,9 @@ class InferenceService:
         store: PolicyStore = (
             FilePolicyStore(settings.policy_path) if settings.policy_path else MemoryPolicyStore()
         )
-        self.versions = VersionManager(client, settings, metrics, store, self._warm_version)
+        self.versions = VersionManager(
+            client, settings, metrics, store, self._warm_version, callers
+        )
         # Per Triton model (one per pipeline version), created at the version's warm-up (sized
         # from its configuration) and kept across re-warm-ups, so that the measured drain rate
         # survives a Triton restart.

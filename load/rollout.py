@@ -91,6 +91,8 @@ class Answer:
     status: int  # 0: no HTTP answer (connection error, timeout, dropped by the tool)
     version: str
     key: int
+    # The error code of a non-200 answer (e.g. "overloaded"), or the kind of failure.
+    error: str = ""
 
 
 class OpenLoop:
@@ -147,9 +149,11 @@ class OpenLoop:
         except (TimeoutError, aiohttp.ClientError):
             self.answers.append(Answer(scheduled, time.perf_counter() - scheduled, 0, "", key))
             return
-        version = str(orjson.loads(body).get("model_version", "")) if status == 200 else ""
+        payload = orjson.loads(body)
+        version = str(payload.get("model_version", "")) if status == 200 else ""
+        error = "" if status == 200 else str(payload.get("error", {}).get("code", ""))
         self.answers.append(
-            Answer(scheduled, time.perf_counter() - scheduled, status, version, key)
+            Answer(scheduled, time.perf_counter() - scheduled, status, version, key, error)
         )
         async with self._answered:
             self._answered.notify_all()
@@ -198,7 +202,9 @@ def phase_stats(answers: list[Answer]) -> dict[str, Any]:
     """Requests, failures by status and p50/p99 of the successful ones (ms)."""
     ok = [a.latency * 1000 for a in answers if a.status == 200]
     failures = Counter(
-        str(a.status or a.version or "no_answer") for a in answers if a.status != 200
+        f"{a.status} {a.error}".strip() if a.status else (a.version or "no_answer")
+        for a in answers
+        if a.status != 200
     )
     return {
         "requests": len(answers),

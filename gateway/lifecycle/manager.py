@@ -18,7 +18,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,10 @@ class VersionManager:
         metrics: GatewayMetrics,
         store: PolicyStore,
         warm_up: WarmUp,
+        callers: Iterable[str] = (),
     ) -> None:
+        """``callers``: the digests of every key that may infer, so that a canary share is exact
+        over them (any other caller falls in by its own hash bucket)."""
         self.client = client
         self.settings = settings
         self.metrics = metrics
@@ -91,6 +94,8 @@ class VersionManager:
                 p99_slack_s=settings.canary_p99_slack_s,
             )
         )
+        self.callers = frozenset(callers)
+        self._canary_callers: frozenset[str] = frozenset()
         self.policy: TrafficPolicy | None = None
         self.history: tuple[TrafficPolicy, ...] = ()
         self._versions: dict[int, LoadedVersion] = {}
@@ -138,6 +143,12 @@ class VersionManager:
     async def _adopt(self, stored: StoredPolicy) -> None:
         previous = self.policy
         self.policy, self.history = stored.policy, stored.history
+        if self.policy is not None and (
+            previous is None
+            or (previous.canary, previous.canary_percent)
+            != (self.policy.canary, self.policy.canary_percent)
+        ):
+            self._canary_callers = self.policy.canary_callers(self.callers)
         canary_before = previous.canary if previous is not None else None
         if canary_before is not None and (
             self.policy is None or self.policy.canary != canary_before
@@ -197,7 +208,15 @@ class VersionManager:
             return pinned, "pinned"
         if self.policy is None:
             raise errors.NotReady("no traffic policy yet", self.settings.retry_after_s)
-        version, role = self.policy.route(caller)
+        version: int
+        role: Role
+        if caller in self.callers and self.policy.canary is not None:
+            if caller in self._canary_callers:
+                version, role = self.policy.canary, "canary"
+            else:
+                version, role = self.policy.stable, "stable"
+        else:
+            version, role = self.policy.route(caller)
         if role == "canary" and not self.is_ready(version):
             return self.policy.stable, "stable"
         return version, role

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -42,13 +43,27 @@ class TrafficPolicy:
         return {v for v in (self.stable, self.canary, self.shadow) if v is not None}
 
     def route(self, caller: str) -> tuple[int, Role]:
-        """The version (and its role) that serves ``caller`` (an API key digest): sticky, because
-        the bucket depends on the key and the canary version alone."""
-        if self.canary is not None and self.canary_percent > 0:
-            digest = hashlib.sha256(f"{self.canary}:{caller}".encode()).digest()
-            if int.from_bytes(digest[:4], "big") % BUCKETS < self.canary_percent * BUCKETS / 100:
-                return self.canary, "canary"
+        """The version (and its role) that serves ``caller`` (an API key digest) by the caller's
+        hash bucket: sticky, as it depends on the key and the canary version alone. The gateway
+        uses it for a caller outside the set :meth:`canary_callers` drew from."""
+        if (
+            self.canary is not None
+            and self.canary_percent > 0
+            and _rank(self.canary, caller) % BUCKETS < self.canary_percent * BUCKETS / 100
+        ):
+            return self.canary, "canary"
         return self.stable, "stable"
+
+    def canary_callers(self, known: Iterable[str]) -> frozenset[str]:
+        """Exactly ``canary_percent`` of the ``known`` callers (rounded, at least one), chosen by
+        their hash with the canary version: a hash bucket per caller would miss the share by
+        about sqrt(p(1-p)/n) (1 point for 1,000 keys). A larger share keeps every caller of a
+        smaller one (the same order, a longer prefix)."""
+        callers = sorted(set(known), key=lambda caller: _rank(self.canary or 0, caller))
+        if self.canary is None or self.canary_percent <= 0 or not callers:
+            return frozenset()
+        count = max(1, round(self.canary_percent / 100 * len(callers)))
+        return frozenset(callers[:count])
 
     def shadow_copy(self, draw: float) -> int | None:
         """The shadow version if this request (``draw``: uniform in [0, 1)) is in its sample."""
@@ -130,3 +145,8 @@ class TrafficPolicy:
         policy = cls(**known)
         policy.validate()
         return policy
+
+
+def _rank(canary: int, caller: str) -> int:
+    digest = hashlib.sha256(f"{canary}:{caller}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway import errors
+from gateway.auth import new_key
 from gateway.lifecycle.guard import CanaryGuard, GuardLimits
 from gateway.lifecycle.policy import TrafficPolicy
 from gateway.lifecycle.store import FilePolicyStore
@@ -35,6 +36,18 @@ def test_the_canary_share_is_within_a_point_of_its_weight_and_sticky_per_key() -
     # Raising the share keeps every canary caller on the canary (buckets only grow).
     wider = policy.with_canary(2, 30.0, "test")
     assert all(wider.route(digest(i))[0] == 2 for i, (v, _) in enumerate(choices) if v == 2)
+
+
+def test_over_the_known_keys_the_canary_share_is_exact_and_grows_as_a_prefix() -> None:
+    keys = [digest(i) for i in range(1000)]
+    policy = TrafficPolicy(revision=1, stable=1).with_canary(2, 10.0, "test")
+    chosen = policy.canary_callers(keys)
+    assert len(chosen) == 100
+    assert policy.canary_callers(reversed(keys)) == chosen  # the order keys come in is no input
+    assert chosen < policy.with_canary(2, 30.0, "test").canary_callers(keys)
+    assert len(policy.with_canary(2, 0.01, "test").canary_callers(keys)) == 1  # at least one
+    # Another canary version draws another set (a bad canary's callers are not always the same).
+    assert policy.with_canary(3, 10.0, "test").canary_callers(keys) != chosen
 
 
 def test_promote_and_rollback_move_stable_and_remember_the_previous_one() -> None:
@@ -87,6 +100,9 @@ def test_the_guard_judges_the_canary_against_stable() -> None:
 
 
 # --- through the app ---------------------------------------------------------------------------
+
+
+ADMIN_KEY, ADMIN_ENTRY = new_key(("admin",))
 
 
 def admin(gateway: UnitGateway) -> dict[str, str]:
@@ -157,6 +173,25 @@ async def test_a_rollout_load_canary_promote_unload() -> None:
             "promoted v2 over v1",
             "canary v2 at 100 %",
         ]
+
+
+async def test_the_gateway_sends_exactly_the_share_of_its_keys_to_the_canary() -> None:
+    keys = [new_key(("infer",)) for _ in range(20)]
+    async with unit_gateway(
+        FakeTriton(versions={1, 2}), api_keys=[entry for _, entry in keys] + [ADMIN_ENTRY]
+    ) as gateway:
+        h = {"X-API-Key": ADMIN_KEY}
+        await gateway.client.post("/v1/admin/versions/2/load", headers=h)
+        await gateway.client.post(
+            "/v1/admin/policy/canary", json={"version": 2, "percent": 25}, headers=h
+        )
+        versions = [
+            (await predict(gateway, key)).json()["model_version"]
+            for key, _ in keys
+            for _ in range(2)
+        ]
+        assert versions.count("2") == 2 * 5  # 25 % of 20 keys, each twice (sticky)
+        assert all(versions[i] == versions[i + 1] for i in range(0, len(versions), 2))
 
 
 async def test_a_failing_canary_is_rolled_back_and_its_callers_are_served_by_stable() -> None:
