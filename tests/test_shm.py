@@ -65,16 +65,17 @@ def readyz_status(gateway: RunningGateway) -> int:
 
 @pytest.fixture(scope="module")
 def shm_gateway(triton: EmbeddedTriton) -> object:
-    """A system_shm gateway with a pool of 2 that waits long enough for a region to come free
-    (and lets requests queue in admission control for as long: refusing a burst under overload is
-    not what these tests are about, and how fast this machine drains it depends on its load)."""
+    """A system_shm gateway with a pool of 2 that waits long enough for a region to come free.
+
+    Admission control is off: these tests need more requests in flight than regions, and
+    admission would let only its in-flight limit (8 texts at first) reach the pool."""
     prefix = unique_prefix()
     with running_gateway(
         triton.grpc_url,
         transport="system_shm",
         shm_pool_size=2,
         shm_acquire_timeout_s=20,
-        admission_max_wait_s=20,
+        admission_enabled=False,
         shm_prefix=prefix,
     ) as running:
         yield running
