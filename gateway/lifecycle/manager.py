@@ -115,7 +115,7 @@ class VersionManager:
         was_ready = sorted(v for v, loaded in self._versions.items() if loaded.state == "ready")
         for version in was_ready:
             self._versions[version].state = "loading"
-        await self._adopt(self.store.load())
+        self._adopt(self.store.load())
         if self.policy is None:
             await self._first_policy()
         await self._ensure_routed()
@@ -136,11 +136,11 @@ class VersionManager:
         if stored.policy is not None and (
             self.policy is None or stored.policy.revision != self.policy.revision
         ):
-            await self._adopt(stored)
+            self._adopt(stored)
             await self._ensure_routed()
         await self.check_canary()
 
-    async def _adopt(self, stored: StoredPolicy) -> None:
+    def _adopt(self, stored: StoredPolicy) -> None:
         previous = self.policy
         self.policy, self.history = stored.policy, stored.history
         if self.policy is not None and (
@@ -177,7 +177,7 @@ class VersionManager:
         # Another replica may have stored the first policy meanwhile: then adopt that one.
         with contextlib.suppress(errors.Conflict):
             await asyncio.to_thread(self.store.swap, None, policy)
-        await self._adopt(self.store.load())
+        self._adopt(self.store.load())
 
     async def _ensure_routed(self) -> None:
         """Load and warm every version the policy routes; stable must succeed, a canary or shadow
@@ -366,7 +366,7 @@ class VersionManager:
         """Apply ``change`` to the current stored policy; every version it routes must be warm
         here first (409 otherwise). A compare-and-swap: 409 when another replica won the race."""
         stored = await asyncio.to_thread(self.store.load)
-        await self._adopt(stored)
+        self._adopt(stored)
         if self.policy is None:
             raise errors.NotReady("no traffic policy yet", self.settings.retry_after_s)
         policy = change(self.policy)
@@ -380,8 +380,7 @@ class VersionManager:
 
     async def _change(self, policy: TrafficPolicy) -> TrafficPolicy:
         assert self.policy is not None
-        await asyncio.to_thread(self.store.swap, self.policy.revision, policy)
-        await self._adopt(await asyncio.to_thread(self.store.load))
+        self._adopt(await asyncio.to_thread(self.store.swap, self.policy.revision, policy))
         log.info(
             "traffic policy changed",
             extra={"revision": policy.revision, "by": policy.updated_by, "reason": policy.reason},

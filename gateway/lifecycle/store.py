@@ -41,9 +41,9 @@ class PolicyStore(Protocol):
     def load(self) -> StoredPolicy:
         """The stored policy (None before the first write) and its history."""
 
-    def swap(self, expected_revision: int | None, policy: TrafficPolicy) -> None:
+    def swap(self, expected_revision: int | None, policy: TrafficPolicy) -> StoredPolicy:
         """Store ``policy`` if the stored revision is still ``expected_revision`` (None: nothing
-        stored yet); raise :class:`errors.Conflict` otherwise."""
+        stored yet) and return what is stored now; raise :class:`errors.Conflict` otherwise."""
 
 
 class MemoryPolicyStore:
@@ -56,9 +56,10 @@ class MemoryPolicyStore:
         """The policy held in memory."""
         return self._stored
 
-    def swap(self, expected_revision: int | None, policy: TrafficPolicy) -> None:
+    def swap(self, expected_revision: int | None, policy: TrafficPolicy) -> StoredPolicy:
         """Compare-and-swap in memory."""
         self._stored = _swapped(self._stored, expected_revision, policy)
+        return self._stored
 
 
 class FilePolicyStore:
@@ -67,19 +68,31 @@ class FilePolicyStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock_path = path.with_name(path.name + ".lock")
+        # The file's identity when last parsed, and what it held: every readiness poll loads
+        # the policy, and a file replaced by a rename has a new inode.
+        self._seen: tuple[int, int, int] | None = None
+        self._cached = StoredPolicy(None)
 
     def load(self) -> StoredPolicy:
-        """Read the file (an absent file: nothing stored yet)."""
+        """The stored policy (an absent file: nothing stored yet); parsed only when the file
+        was replaced since the last load."""
         try:
-            data = json.loads(self.path.read_text())
+            with self.path.open("rb") as file:
+                stat = os.fstat(file.fileno())
+                identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                if identity == self._seen:
+                    return self._cached
+                data = json.loads(file.read())
         except FileNotFoundError:
             return StoredPolicy(None)
-        return StoredPolicy(
+        self._cached = StoredPolicy(
             TrafficPolicy.from_json(data["policy"]),
             tuple(TrafficPolicy.from_json(item) for item in data.get("history", [])),
         )
+        self._seen = identity
+        return self._cached
 
-    def swap(self, expected_revision: int | None, policy: TrafficPolicy) -> None:
+    def swap(self, expected_revision: int | None, policy: TrafficPolicy) -> StoredPolicy:
         """Compare-and-swap under the lock; the new file lands by an atomic rename."""
         with self._locked():
             stored = _swapped(self.load(), expected_revision, policy)
@@ -97,6 +110,7 @@ class FilePolicyStore:
             except BaseException:
                 Path(temporary).unlink(missing_ok=True)
                 raise
+        return stored
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
