@@ -35,8 +35,11 @@ def hash_key(key: str) -> str:
 
 
 def new_key(scopes: tuple[str, ...] = DEFAULT_SCOPES) -> tuple[str, str]:
-    """A fresh random key and its configuration entry ``digest:scopes``."""
+    """A fresh random key and its configuration entry ``digest:scopes``. The key never starts
+    with "-": on a command line (``--key KEY``) it would read as an option."""
     key = secrets.token_urlsafe(32)
+    while key.startswith("-"):
+        key = secrets.token_urlsafe(32)
     return key, f"{hash_key(key)}:{'+'.join(scopes)}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import urllib.error
 import urllib.request
@@ -13,6 +14,7 @@ import pytest
 import uvicorn
 
 from devtools.ports import free_port
+from gateway import auth
 from gateway.admin_cli import format_versions
 from gateway.app import create_app
 from gateway.auth import new_key
@@ -33,7 +35,7 @@ class Served:
 
     def cli(self, *argv: str, key: str | None = None) -> int:
         """Run ``python -m gateway models <argv>`` against this gateway (admin key by default)."""
-        return main(["models", "--url", self.url, "--key", key or self.admin_key, *argv])
+        return main(["models", "--url", self.url, f"--key={key or self.admin_key}", *argv])
 
 
 def rows(out: str) -> dict[str, list[str]]:
@@ -203,7 +205,9 @@ def test_json_output_parses(served: Served, capsys: pytest.CaptureFixture[str]) 
     assert answer["policy"]["stable"] == 1
 
     # The option before the action works the same.
-    assert main(["models", "--json", "--url", served.url, "--key", served.admin_key, "policy"]) == 0
+    assert (
+        main(["models", "--json", "--url", served.url, f"--key={served.admin_key}", "policy"]) == 0
+    )
     policy = json.loads(capsys.readouterr().out)
     assert policy["policy"]["revision"] == 1
     assert len(policy["history"]) == 1
@@ -271,3 +275,11 @@ def test_the_table_shows_the_build_manifest() -> None:
     assert row.index("2026") == header.index("BUILT AT")
     assert row.index("0.812") == header.index("FOREST R^2")
     assert text.endswith("policy: no traffic policy yet")
+
+
+def test_a_new_key_never_reads_as_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A key starting with "-" broke `--key KEY` (argparse took it for an option): one in 64.
+    draws = iter(["-starts-like-an-option", "fine-key"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda _: next(draws))
+    key, entry = auth.new_key(("admin",))
+    assert key == "fine-key" and entry.endswith(":admin")
